@@ -1,0 +1,72 @@
+"""Shared pytest fixtures: tiny synthetic datasets and composed Hydra configs.
+
+Tests that read ../shared/data are marked ``shared_data``: a plain clone without ../shared skips
+them with a reason; under CI (CI=true) a missing ../shared/data is an error.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
+
+# tiny synthetic world used by every test that trains something
+TINY_SYNTHETIC = {"num_train": 24, "num_val": 8, "num_test": 8, "min_steps": 3, "max_steps": 5, "image_size": 64, "seed": 0}
+
+
+def pytest_collection_modifyitems(config, items):
+    if SHARED_DATA.is_dir():
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        raise pytest.UsageError(f"CI=true but the shared data folder is missing: {SHARED_DATA}")
+    skip = pytest.mark.skip(reason=f"needs the shared data folder {SHARED_DATA} (not part of a plain clone)")
+    for item in items:
+        if "shared_data" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One cache folder for the whole session (the synthetic data is generated once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_synthetic_dir(cache_dir) -> Path:
+    from data_modules.synthetic import SyntheticConfig, ensure_synthetic
+
+    return Path(ensure_synthetic(SyntheticConfig(**TINY_SYNTHETIC), cache_dir / "synthetic", progress=False))
+
+
+def tiny_overrides(output_dir: Path, cache_dir: Path) -> list[str]:
+    """Overrides that make any experiment tiny and fast on CPU."""
+    over = [f"paths.output_dir={output_dir}", f"paths.cache_dir={cache_dir}", "trainer.accelerator=cpu",
+            "trainer.devices=1", "data.num_workers=0", "logger=csv", "callbacks.progress_bar.refresh_rate=0"]
+    over += [f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]
+    return over
+
+
+@pytest.fixture
+def compose_train(tmp_path, cache_dir):
+    """compose_train(*overrides) -> the real train.yaml composed with tiny settings."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import seqaware.config  # noqa: F401
+
+    def _compose(*overrides: str, tiny: bool = True):
+        GlobalHydra.instance().clear()
+        extra = tiny_overrides(tmp_path / "run", cache_dir) if tiny else []
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            return compose(config_name="train.yaml", overrides=list(overrides) + extra)
+
+    yield _compose
+    GlobalHydra.instance().clear()

@@ -1,0 +1,136 @@
+"""Batching view items: tokenised step texts, step images and masks.
+
+A batch (``B`` instances, up to ``S`` steps, ``L`` tokens) is a dict::
+
+    input_ids, attention_mask   (B, S, L)  long    -- one tokenised text per step ("" for padding)
+    step_mask                   (B, S)     bool    -- which step slots are real
+    pixel_values                (B, S, 3, H, W)    -- when images are used (padding/missing: blank)
+    image_mask                  (B, S)     bool    -- step has a usable image
+    boxes, box_mask             (B, S, R, 4), (B, S, R) -- when max_boxes > 0: object boxes scaled to [0, 1]
+    gold                        (B, S)     long    -- gold[b, k] = input position of the k-th step (-1 pad)
+    num_steps                   (B,)       long
+    meta                        list of dicts: id, step_index, references, dag, category
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Sequence
+
+import torch
+
+from data_modules.images import IMAGENET_MEAN, IMAGENET_STD, ImageLoadError, ImageTransform, open_rgb
+from data_modules.views import ViewItem
+from seqaware.procedure import resolve_path
+
+log = logging.getLogger(__name__)
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def first_sentences(text: str, max_sentences: int) -> str:
+    """The first ``max_sentences`` sentences of ``text`` (split after ., ! or ? and a space)."""
+    if max_sentences <= 0:
+        return text
+    return " ".join(_SENTENCE_END.split(text.strip())[:max_sentences])
+
+
+class StepCollator:
+    """Turns a list of :class:`ViewItem` into tensors.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (``None`` with ``use_text=False``).
+        max_steps: steps per instance (views already cap this; kept as a guard).
+        max_sentences / max_tokens: per-step text caps (Wu et al.: 5 sentences, 60 tokens).
+        image_size, image_mean, image_std: the visual backbone's input size and normalisation.
+        use_text / use_images: which modalities to load.
+        missing_image: ``error`` raises naming the file; ``blank`` uses a grey image, marks
+            ``image_mask`` False and counts it in :attr:`missing_images` (logged).
+        max_boxes: object boxes per step to return (0: none).
+    """
+
+    def __init__(self, tokenizer: Any = None, max_steps: int = 5, max_sentences: int = 5, max_tokens: int = 60,
+                 image_size: int = 224, image_mean: Sequence[float] = IMAGENET_MEAN, image_std: Sequence[float] = IMAGENET_STD,
+                 use_text: bool = True, use_images: bool = True, missing_image: str = "error", max_boxes: int = 0):
+        if missing_image not in ("error", "blank"):
+            raise ValueError(f"missing_image must be 'error' or 'blank', got {missing_image!r}")
+        if use_text and tokenizer is None:
+            raise ValueError("use_text=True needs a tokenizer")
+        self.tokenizer = tokenizer
+        self.max_steps = max_steps
+        self.max_sentences = max_sentences
+        self.max_tokens = max_tokens
+        self.transform = ImageTransform(image_size, image_mean, image_std)
+        self.use_text = use_text
+        self.use_images = use_images
+        self.missing_image = missing_image
+        self.max_boxes = max_boxes
+        self.missing_images = 0
+
+    def _image(self, item: ViewItem, step) -> tuple[torch.Tensor, bool, tuple[int, int] | None]:
+        if not step.images:
+            return self.transform.blank(), False, None
+        path = resolve_path(step.images[0], item.root)
+        try:
+            img = open_rgb(path)
+        except ImageLoadError as err:
+            if self.missing_image == "error":
+                raise ImageLoadError(f"procedure {item.procedure_id}: {err} (set data.collator.missing_image=blank to use a blank image)") from err
+            self.missing_images += 1
+            log.warning("procedure %s: %s -> blank image (%d so far)", item.procedure_id, err, self.missing_images)
+            return self.transform.blank(), False, None
+        return self.transform(img), True, img.size
+
+    def __call__(self, items: list[ViewItem]) -> dict[str, Any]:
+        batch_size = len(items)
+        num_steps = max(len(it.steps) for it in items)
+        if num_steps > self.max_steps:
+            raise ValueError(f"instance with {num_steps} steps exceeds max_steps={self.max_steps}")
+        step_mask = torch.zeros(batch_size, num_steps, dtype=torch.bool)
+        gold = torch.full((batch_size, num_steps), -1, dtype=torch.long)
+        for b, it in enumerate(items):
+            step_mask[b, : len(it.steps)] = True
+            gold[b, : len(it.gold)] = torch.tensor(it.gold)
+        batch: dict[str, Any] = {
+            "step_mask": step_mask,
+            "gold": gold,
+            "num_steps": step_mask.sum(1),
+            "meta": [
+                {"id": it.procedure_id, "step_index": it.step_index, "references": it.references,
+                 "dag": it.dag, "category": it.category}
+                for it in items
+            ],
+        }
+        if self.use_text:
+            texts = []
+            for it in items:
+                texts += [first_sentences(s.text or "", self.max_sentences) for s in it.steps]
+                texts += [""] * (num_steps - len(it.steps))
+            enc = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_tokens, return_tensors="pt")
+            batch["input_ids"] = enc["input_ids"].view(batch_size, num_steps, -1)
+            batch["attention_mask"] = enc["attention_mask"].view(batch_size, num_steps, -1)
+        if self.use_images:
+            size = self.transform.size
+            pixels = torch.empty(batch_size, num_steps, 3, size, size)
+            image_mask = torch.zeros(batch_size, num_steps, dtype=torch.bool)
+            boxes = torch.zeros(batch_size, num_steps, max(self.max_boxes, 1), 4)
+            box_mask = torch.zeros(batch_size, num_steps, max(self.max_boxes, 1), dtype=torch.bool)
+            blank = self.transform.blank()
+            for b, it in enumerate(items):
+                for s in range(num_steps):
+                    if s >= len(it.steps):
+                        pixels[b, s] = blank
+                        continue
+                    step = it.steps[s]
+                    pixels[b, s], image_mask[b, s], img_size = self._image(it, step)
+                    if self.max_boxes and img_size is not None and step.boxes:
+                        w, h = img_size
+                        kept = torch.tensor(step.boxes[: self.max_boxes], dtype=torch.float32)
+                        kept /= torch.tensor([w, h, w, h], dtype=torch.float32)
+                        boxes[b, s, : len(kept)] = kept.clamp(0, 1)
+                        box_mask[b, s, : len(kept)] = True
+            batch["pixel_values"] = pixels
+            batch["image_mask"] = image_mask
+            if self.max_boxes:
+                batch["boxes"], batch["box_mask"] = boxes, box_mask
+        return batch

@@ -1,0 +1,46 @@
+"""Small file-system helpers: everything a user produced is written atomically.
+
+A file is first written next to its destination under a temporary name and then moved into place
+with :func:`os.replace`, which is atomic on POSIX file systems. An interrupted run therefore leaves
+either the old file or the new one, never a truncated mix.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Open a temporary file beside ``path``; on a clean exit move it onto ``path``.
+
+    On an exception the temporary file is removed and ``path`` is left untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    binary = "b" in mode
+    try:
+        with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
+    """Write ``records`` as JSON lines atomically; returns the number of lines written."""
+    count = 0
+    with atomic_open(path, "w") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count

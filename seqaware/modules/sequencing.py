@@ -1,0 +1,77 @@
+"""Lightning module for pairwise sequencing models (``experiment=order_baseline``)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+
+from decoders.pairwise import decode_pairwise
+from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container
+
+
+def pairwise_targets(gold: torch.Tensor, step_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Targets ``t[b, i, j] = 1`` if input step i comes before input step j, and the valid-pair mask.
+
+    ``gold[b, k]`` is the input position of the k-th step (-1 padding).
+    """
+    b, s = step_mask.shape
+    rank = torch.full((b, s), -1, dtype=torch.long, device=gold.device)
+    valid_gold = gold >= 0
+    positions = torch.arange(s, device=gold.device).expand(b, s)
+    rank.scatter_(1, gold.clamp(min=0), torch.where(valid_gold, positions, rank))
+    eye = torch.eye(s, dtype=torch.bool, device=gold.device)
+    mask = step_mask[:, :, None] & step_mask[:, None, :] & ~eye
+    return (rank[:, :, None] < rank[:, None, :]).float(), mask
+
+
+class PairwiseSequencingModule(OrderingEvalMixin, SeqawareModule):
+    """Wires a pairwise order network, its BCE loss, a decoder and the ordering metrics.
+
+    The network is given as a config (``_target_`` + arguments) and built here, so checkpoints hold
+    everything needed by ``PairwiseSequencingModule.load_from_checkpoint(path)``.
+    """
+
+    def __init__(self, net: dict, optimizer: dict, scheduler: dict | None = None, decoder: str = "greedy"):
+        super().__init__()
+        self.save_hyperparameters({"net": as_container(net), "optimizer": as_container(optimizer),
+                                   "scheduler": as_container(scheduler), "decoder": decoder})
+        self.net = instantiate(self.hparams.net)
+        self.decoder = decoder
+        self._init_eval()
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        vocab = getattr(dm, "vocab_size", None)
+        text = getattr(self.net, "text", None)
+        if vocab is not None and text is not None and vocab > text.embed.num_embeddings:
+            raise ValueError(f"the tokenizer has {vocab} tokens but model.net.vocab_size="
+                             f"{text.embed.num_embeddings}: set model.net.vocab_size={vocab}")
+
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(batch)
+        targets, mask = pairwise_targets(batch["gold"], batch["step_mask"])
+        loss = F.binary_cross_entropy_with_logits(logits[mask], targets[mask])
+        return loss, logits
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, _ = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["meta"]))
+        return loss
+
+    def _eval_step(self, stage: str, batch: dict) -> None:
+        loss, logits = self._loss(batch)
+        self.log(f"{stage}/loss", loss, batch_size=len(batch["meta"]), sync_dist=True)
+        self._record_orders(stage, batch, decode_pairwise(self.decoder, logits.float(), batch["step_mask"]))
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def predict_step(self, batch: dict, batch_idx: int) -> list[list[int]]:
+        logits = self.net(batch)
+        orders = decode_pairwise(self.decoder, logits.float(), batch["step_mask"])
+        return [[meta["step_index"][p] for p in order] for meta, order in zip(batch["meta"], orders)]

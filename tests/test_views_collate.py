@@ -1,0 +1,132 @@
+"""Task views and the collator: permutations, references, masks, length policy, missing images."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from PIL import Image
+
+from data_modules.collate import StepCollator, first_sentences
+from data_modules.images import ImageLoadError
+from data_modules.views import EpochSampler, PretrainingView, SequencingView
+from seqaware.pretrained import load_tokenizer
+from seqaware.procedure import Procedure, Step
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("offline:minilm")
+
+
+def _proc(pid: str, n: int, root, dag=None, alternatives=None, image=True) -> Procedure:
+    steps = [Step(text=f"Step {pid} number {i}. Second sentence. Third!", images=["img.png"] if image else [],
+                  boxes=[[0, 0, 8, 4]], box_labels=["x"]) for i in range(n)]
+    return Procedure(id=pid, steps=steps, split="train", category=["cat"], dag=dag, alternatives=alternatives, root=str(root))
+
+
+@pytest.fixture
+def root(tmp_path):
+    Image.new("RGB", (16, 8), "blue").save(tmp_path / "img.png")
+    return tmp_path
+
+
+def test_sequencing_view_permutation_and_references(root):
+    # 0 -> 2, 1 -> 2, 3 independent: linear extensions = orders of {0,1,3} with 2 after 0 and 1
+    proc = _proc("a", 4, root, dag=[(0, 2), (1, 2)])
+    view = SequencingView([proc], seed=3)
+    item = view[0]
+    assert sorted(item.step_index) == [0, 1, 2, 3]
+    # gold[k] is the input position of authored step k
+    assert [item.step_index[p] for p in item.gold] == [0, 1, 2, 3]
+    expected = [list(p) for p in itertools.permutations(range(4))
+                if p.index(2) > p.index(0) and p.index(2) > p.index(1)]
+    assert item.references[0] == [0, 1, 2, 3]
+    assert sorted(map(tuple, item.references)) == sorted(map(tuple, expected))
+    # evaluation permutation is fixed; training reshuffles per epoch but is reproducible
+    assert view[(0, 5)].step_index == item.step_index
+    train = SequencingView([proc], seed=3, reshuffle=True)
+    perms = {tuple(train[(0, e)].step_index) for e in range(20)}
+    assert len(perms) > 3
+    assert train[(0, 7)].step_index == train[(0, 7)].step_index
+
+
+def test_explicit_alternatives_are_references(root):
+    proc = _proc("b", 3, root, alternatives=[[1, 0, 2]])
+    assert SequencingView([proc])[0].references == [[0, 1, 2], [1, 0, 2]]
+
+
+def test_length_policy(root, caplog):
+    procs = [_proc("one", 1, root), _proc("long", 7, root, dag=[(0, 6), (1, 2)]), _proc("ok", 3, root)]
+    trunc = SequencingView(procs, max_steps=5, too_long="truncate")
+    assert len(trunc) == 2 and trunc.dropped["fewer_than_2_steps"] == 1 and trunc.truncated == 1
+    long_item = trunc[0]
+    assert len(long_item.steps) == 5
+    assert long_item.dag == (5, [(1, 2)])  # the edge to the dropped step 6 is gone
+    skip = SequencingView(procs, max_steps=5, too_long="skip")
+    assert len(skip) == 1 and skip.dropped == {"fewer_than_2_steps": 1, "too_long": 1}
+    assert "dropped" in caplog.text
+
+
+def test_pretraining_view_windows(root):
+    view = PretrainingView([_proc("p", 5, root, dag=[(0, 1), (1, 4)])], max_steps=4, min_steps=2)
+    lengths = set()
+    for epoch in range(30):
+        item = view[(0, epoch)]
+        lengths.add(len(item.steps))
+        assert item.gold == list(range(len(item.steps)))
+        assert item.step_index == list(range(item.step_index[0], item.step_index[0] + len(item.steps)))
+    assert lengths == {2, 3, 4}
+
+
+def test_collator_shapes_and_masks(root, tokenizer):
+    items = [SequencingView([_proc("a", 3, root)])[0], SequencingView([_proc("b", 5, root)])[0]]
+    coll = StepCollator(tokenizer, max_tokens=12, image_size=32, max_boxes=2)
+    batch = coll(items)
+    assert batch["input_ids"].shape[:2] == (2, 5) and batch["input_ids"].shape[2] <= 12
+    assert batch["step_mask"].tolist() == [[True] * 3 + [False] * 2, [True] * 5]
+    assert batch["pixel_values"].shape == (2, 5, 3, 32, 32)
+    assert batch["image_mask"].tolist() == batch["step_mask"].tolist()
+    assert batch["gold"][0, 3:].tolist() == [-1, -1]
+    assert batch["boxes"].shape == (2, 5, 2, 4)
+    assert torch.allclose(batch["boxes"][0, 0, 0], torch.tensor([0.0, 0.0, 0.5, 0.5]))
+    assert batch["box_mask"][0, 0].tolist() == [True, False]
+    # padded step slots have no real tokens beyond [CLS] [SEP]
+    assert batch["attention_mask"][0, 4].sum() == 2
+
+
+def test_text_cap_to_sentences():
+    assert first_sentences("A b. C d! E f? G h.", 2) == "A b. C d!"
+
+
+def test_missing_image_policies(root, tokenizer):
+    proc = _proc("m", 3, root)
+    proc.steps[1].images = ["gone.png"]
+    item = SequencingView([proc])[0]
+    with pytest.raises(ImageLoadError, match="gone.png"):
+        StepCollator(tokenizer, image_size=16)([item])
+    coll = StepCollator(tokenizer, image_size=16, missing_image="blank")
+    batch = coll([item])
+    assert coll.missing_images == 1
+    assert batch["image_mask"][0].sum() == 2
+
+
+def test_gif_gives_middle_frame(tmp_path, tokenizer):
+    frames = [Image.new("RGB", (8, 8), c) for c in ("red", "green", "blue")]
+    frames[0].save(tmp_path / "anim.gif", save_all=True, append_images=frames[1:])
+    proc = Procedure(id="g", steps=[Step(text="a", images=["anim.gif"]), Step(text="b")], root=str(tmp_path))
+    batch = StepCollator(tokenizer, image_size=8, image_mean=(0, 0, 0), image_std=(1, 1, 1))([SequencingView([proc])[0]])
+    pos = batch["meta"][0]["step_index"].index(0)
+    pixel = batch["pixel_values"][0, pos, :, 4, 4]
+    assert pixel[1] > 0.4 and pixel[0] < 0.1 and pixel[2] < 0.1  # green: the middle frame
+
+
+def test_epoch_sampler_is_a_function_of_seed_and_epoch():
+    a, b = EpochSampler(10, shuffle=True, seed=1), EpochSampler(10, shuffle=True, seed=1)
+    a.set_epoch(3)
+    b.set_epoch(3)
+    assert list(a) == list(b) and all(e == 3 for _, e in a)
+    b.set_epoch(4)
+    assert [i for i, _ in a] != [i for i, _ in b]
+    shards = [list(EpochSampler(5, shuffle=False, num_replicas=2, rank=r)) for r in range(2)]
+    assert [i for i, _ in shards[0]] == [0, 2, 4] and [i for i, _ in shards[1]] == [1, 3, 0]
