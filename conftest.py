@@ -66,7 +66,7 @@ def compose_train(tmp_path, cache_dir):
         GlobalHydra.instance().clear()
         extra = tiny_overrides(tmp_path / "run", cache_dir) if tiny else []
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-            return compose(config_name="train.yaml", overrides=list(overrides) + extra)
+            return compose(config_name="train.yaml", overrides=extra + list(overrides))
 
     yield _compose
     GlobalHydra.instance().clear()

@@ -50,9 +50,10 @@ def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, pl.LightningModule, 
 
 
 def _best_checkpoint(trainer: pl.Trainer) -> str | None:
-    cb = trainer.checkpoint_callback
-    if isinstance(cb, ModelCheckpoint) and cb.best_model_path and Path(cb.best_model_path).is_file():
-        return cb.best_model_path
+    """The best checkpoint of the first ModelCheckpoint that monitors a metric, if one was written."""
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, ModelCheckpoint) and cb.monitor and cb.best_model_path and Path(cb.best_model_path).is_file():
+            return cb.best_model_path
     return None
 
 

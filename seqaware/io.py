@@ -24,6 +24,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
             yield handle

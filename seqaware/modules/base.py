@@ -21,6 +21,17 @@ def as_container(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
 
 
+def _numpy_state_to_safe(state: tuple) -> dict:
+    """NumPy's RNG state with tensors and plain numbers only (loads under ``weights_only=True``)."""
+    name, keys, pos, has_gauss, cached = state
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _numpy_state_from_safe(state: dict) -> tuple:
+    return (state["name"], state["keys"].numpy().astype(np.uint32), state["pos"], state["has_gauss"], state["cached_gaussian"])
+
+
 class SeqawareModule(pl.LightningModule):
     """Base class: builds the optimiser/scheduler from config and saves RNG states in checkpoints.
 
@@ -46,7 +57,7 @@ class SeqawareModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rng_states"] = {
             "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            "numpy": _numpy_state_to_safe(np.random.get_state()),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
@@ -56,7 +67,7 @@ class SeqawareModule(pl.LightningModule):
         if not states:
             return
         random.setstate(states["python"])
-        np.random.set_state(states["numpy"])
+        np.random.set_state(_numpy_state_from_safe(states["numpy"]))
         torch.set_rng_state(states["torch"])
         if states.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(states["cuda"])

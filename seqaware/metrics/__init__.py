@@ -1,0 +1,28 @@
+"""Evaluation metrics: step ordering (:mod:`.ordering`), ISO/TEO/COHERENCE task metrics.
+
+The ordering metrics are re-exported here; the task-metric modules are imported by name
+(``seqaware.metrics.iso`` etc.).
+"""
+from seqaware.metrics.ordering import (
+    DAG_KEYS,
+    ORDER_KEYS,
+    OrderingMetrics,
+    corpus_order_metrics,
+    dag_order_metrics,
+    order_kappa,
+    order_metrics,
+    pairwise_relations,
+    select_reference,
+)
+
+__all__ = [
+    "DAG_KEYS",
+    "ORDER_KEYS",
+    "OrderingMetrics",
+    "corpus_order_metrics",
+    "dag_order_metrics",
+    "order_kappa",
+    "order_metrics",
+    "pairwise_relations",
+    "select_reference",
+]

@@ -1,0 +1,416 @@
+"""Sentence/step-ordering metrics (Wu et al., ACL 2022) with multiple references and DAGs.
+
+An *order* is a sequence of step ids (any hashable items, usually ints) in execution order. A
+prediction and a reference must hold the same items, each exactly once; anything else raises
+``ValueError``. NumPy arrays and torch tensors are accepted and read with ``tolist()``.
+
+Per-instance metrics (:func:`order_metrics`), with ``n`` items, ``pred`` the predicted and
+``gold`` the reference order:
+
+* ``acc`` -- share of positions ``k`` with ``pred[k] == gold[k]``.
+* ``pmr`` -- perfect match ratio: 1.0 if the orders are identical, else 0.0.
+* ``dist`` -- sum over items of ``|position in pred - position in gold|`` (Wu et al.'s "Dist";
+  lower is better; a uniformly random order of 5 steps scores 8 on average).
+* ``lcs`` -- length of the longest common subsequence of the two orders.
+* ``lcstr`` -- length of the longest common substring (longest contiguous run of items that
+  appears, contiguously and in the same order, in both).
+* ``tau`` -- Kendall's tau between the orders: ``1 - 2 * inversions / C(n, 2)`` where an
+  inversion is a pair of items the two orders put in opposite order; 1.0 when ``n == 1``.
+
+Corpus level (:func:`corpus_order_metrics`, :class:`OrderingMetrics`) each instance may come with
+several valid reference orders; see :func:`select_reference` for which one is scored. With a
+dependency DAG (``(num_steps, edges)``, edges ``(i, j)`` = "i before j", see :mod:`seqaware.dag`)
+an instance is also scored against the pairs the DAG constrains (:func:`dag_order_metrics`),
+without enumerating the DAG's orders.
+
+:func:`pairwise_relations` and :func:`order_kappa` implement the pairwise-relation encoding of an
+order and Cohen's kappa between two orders (Wu et al. 2022, appendix B.3.1).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable, Sequence
+
+import numpy as np
+import torch
+from torchmetrics import Metric
+
+from seqaware import dag as dag_utils
+
+__all__ = [
+    "ORDER_KEYS",
+    "DAG_KEYS",
+    "order_metrics",
+    "select_reference",
+    "dag_order_metrics",
+    "corpus_order_metrics",
+    "pairwise_relations",
+    "order_kappa",
+    "OrderingMetrics",
+]
+
+#: Keys of :func:`order_metrics`, in the order they are reported.
+ORDER_KEYS = ("acc", "pmr", "dist", "lcs", "lcstr", "tau")
+#: Keys of :func:`dag_order_metrics`.
+DAG_KEYS = ("valid", "violated", "tau")
+
+# Corpus-level accumulation groups: name -> number of summed values.
+_ORDER_GROUPS = ("multi", "single", "subset_single", "subset_multi")
+_COUNT_KEYS = ("n", "n_single", "n_multi", "dag/n")
+
+
+# ---------------------------------------------------------------- input checks
+def _as_order(order: Any, name: str) -> list:
+    """A plain list of the items of ``order`` (arrays and tensors are read with ``tolist()``)."""
+    if isinstance(order, (np.ndarray, torch.Tensor)):
+        order = order.tolist()
+    if isinstance(order, (str, bytes)) or not isinstance(order, Iterable):
+        raise ValueError(f"{name} must be a sequence of step ids, got {order!r}")
+    return list(order)
+
+
+def _gold_positions(pred: Any, gold: Any) -> list[int]:
+    """``p[k]`` = position in ``gold`` of ``pred[k]``, after checking both are permutations."""
+    pred = _as_order(pred, "pred")
+    gold = _as_order(gold, "gold")
+    try:
+        where = {item: k for k, item in enumerate(gold)}
+        pred_set = set(pred)
+    except TypeError as err:
+        raise ValueError(f"step ids must be hashable: {err}") from None
+    if len(where) != len(gold):
+        raise ValueError(f"gold order has duplicate items: {gold!r}")
+    if len(pred_set) != len(pred):
+        raise ValueError(f"predicted order has duplicate items: {pred!r}")
+    if pred_set != set(where):
+        raise ValueError(f"pred and gold are not permutations of each other: pred={pred!r}, gold={gold!r}")
+    if not pred:
+        raise ValueError("orders must hold at least one item")
+    return [where[item] for item in pred]
+
+
+# ---------------------------------------------------------------- per-instance metrics
+def _longest_increasing(values: Sequence[int]) -> int:
+    """Length of the longest strictly increasing subsequence (patience sorting, O(n log n))."""
+    tails: list[int] = []
+    for v in values:
+        k = bisect_left(tails, v)
+        if k == len(tails):
+            tails.append(v)
+        else:
+            tails[k] = v
+    return len(tails)
+
+
+def _longest_consecutive_run(values: Sequence[int]) -> int:
+    """Longest run of adjacent entries with ``values[k + 1] == values[k] + 1``."""
+    best = run = 1
+    for prev, cur in zip(values, values[1:]):
+        run = run + 1 if cur == prev + 1 else 1
+        best = max(best, run)
+    return best
+
+
+def _inversions(values: Sequence[int]) -> int:
+    """Number of pairs ``k < l`` with ``values[k] > values[l]``."""
+    arr = np.asarray(values)
+    return int(np.triu(arr[:, None] > arr[None, :], k=1).sum())
+
+
+def order_metrics(pred: Sequence[Hashable], gold: Sequence[Hashable]) -> dict[str, float]:
+    """``acc, pmr, dist, lcs, lcstr, tau`` of ``pred`` against ``gold`` (see the module docstring).
+
+    Both are read as step ids in execution order and must be permutations of each other
+    (``ValueError`` otherwise). Because the orders are permutations, the longest common
+    subsequence is the longest increasing subsequence of the gold positions of the predicted
+    items, and a common substring is a run of predicted items whose gold positions are
+    consecutive.
+    """
+    p = _gold_positions(pred, gold)
+    n = len(p)
+    pairs = n * (n - 1) // 2
+    return {
+        "acc": sum(pk == k for k, pk in enumerate(p)) / n,
+        "pmr": float(all(pk == k for k, pk in enumerate(p))),
+        "dist": float(sum(abs(pk - k) for k, pk in enumerate(p))),
+        "lcs": float(_longest_increasing(p)),
+        "lcstr": float(_longest_consecutive_run(p)),
+        "tau": 1.0 if pairs == 0 else 1.0 - 2.0 * _inversions(p) / pairs,
+    }
+
+
+def _selection_key(scores: dict[str, float]) -> tuple[float, ...]:
+    return (scores["pmr"], scores["acc"], scores["tau"], scores["lcs"], scores["lcstr"], -scores["dist"])
+
+
+def select_reference(pred: Sequence[Hashable], references: Sequence[Sequence[Hashable]]) -> tuple[int, dict[str, float]]:
+    """The reference a prediction is scored against, as ``(index, order_metrics(pred, ref))``.
+
+    Rule: the one reference that is best *jointly*, i.e. the maximum of the tuple
+    ``(pmr, acc, tau, lcs, lcstr, -dist)`` compared lexicographically (a perfect match first,
+    then the most positions right, then the highest tau, ...); on a full tie the reference
+    listed first wins. All metrics of the instance then come from that single reference
+    (no per-metric cherry-picking).
+    """
+    if isinstance(references, (str, bytes)) or not isinstance(references, Iterable):
+        raise ValueError(f"references must be a list of one or more orders, got {references!r}")
+    references = list(references)
+    if not references:
+        raise ValueError("references must hold at least one order")
+    best_index, best_scores = -1, None
+    for index, ref in enumerate(references):
+        if not isinstance(ref, (list, tuple, np.ndarray, torch.Tensor)):
+            raise ValueError(
+                f"each reference must be an order (list of step ids), got {ref!r}; "
+                "pass references as a list of orders, e.g. [[0, 1, 2]]"
+            )
+        scores = order_metrics(pred, ref)
+        if best_scores is None or _selection_key(scores) > _selection_key(best_scores):
+            best_index, best_scores = index, scores
+    return best_index, best_scores
+
+
+def dag_order_metrics(pred: Sequence[int], num_steps: int, edges: Iterable) -> dict[str, float]:
+    """How well ``pred`` (an order of steps ``0 .. num_steps - 1``) respects a dependency DAG.
+
+    The *constrained pairs* are the pairs ``(i, j)`` of the DAG's transitive closure (a path
+    ``i -> ... -> j`` exists, so every valid order puts ``i`` before ``j``). With ``m`` such
+    pairs of which ``d`` are put in the wrong order by ``pred``:
+
+    * ``valid`` -- 1.0 if ``pred`` is a linear extension of the DAG (``d == 0``), else 0.0;
+    * ``violated`` -- ``d / m``;
+    * ``tau`` -- Kendall's tau restricted to the constrained pairs, ``(m - d - d) / m``
+      (concordant minus discordant over ``m``): 1 for a valid order, -1 when every constraint is
+      reversed.
+
+    A DAG without edges constrains nothing: ``valid = 1, violated = 0, tau = 1`` (vacuously).
+    Raises ``ValueError`` if ``pred`` is not a permutation of ``0 .. num_steps - 1`` or the edges
+    are invalid, :class:`seqaware.dag.CycleError` if they have a cycle.
+    """
+    if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
+    p = _gold_positions(pred, list(range(num_steps)))
+    reach = dag_utils.transitive_closure(num_steps, edges)
+    position = np.empty(num_steps, dtype=np.int64)
+    position[np.asarray(p)] = np.arange(num_steps)  # position[step] = index of step in pred
+    first, second = np.nonzero(reach)
+    m = len(first)
+    if m == 0:
+        return {"valid": 1.0, "violated": 0.0, "tau": 1.0}
+    d = int((position[first] > position[second]).sum())
+    return {"valid": float(d == 0), "violated": d / m, "tau": (m - 2 * d) / m}
+
+
+# ---------------------------------------------------------------- corpus accumulation
+@dataclass
+class _InstanceScores:
+    """Everything one instance contributes to the corpus metrics."""
+
+    multi: dict[str, float]          # against the selected reference
+    single: dict[str, float]         # against the first (authored) reference
+    num_references: int
+    dag: dict[str, float] | None     # None unless the instance has a DAG with >= 1 edge
+
+
+def _score_instance(pred: Any, references: Any, dag: Any = None) -> _InstanceScores:
+    if isinstance(references, (np.ndarray, torch.Tensor)):
+        references = references.tolist()
+    index, multi = select_reference(pred, references)
+    single = multi if index == 0 else order_metrics(pred, references[0])
+    dag_scores = None
+    if dag is not None:
+        try:
+            num_steps, edges = dag
+        except (TypeError, ValueError):
+            raise ValueError(f"a DAG must be given as (num_steps, edges) or None, got {dag!r}") from None
+        edges = [] if edges is None else list(edges)
+        if edges:
+            dag_scores = dag_order_metrics(pred, num_steps, edges)
+    return _InstanceScores(multi, single, len(references), dag_scores)
+
+
+def _empty_totals() -> dict[str, np.ndarray]:
+    """Sums of every accumulated quantity (the corpus metrics are ratios of these)."""
+    totals = {group: np.zeros(len(ORDER_KEYS)) for group in _ORDER_GROUPS}
+    totals["dag"] = np.zeros(len(DAG_KEYS))
+    totals["counts"] = np.zeros(len(_COUNT_KEYS))
+    return totals
+
+
+def _accumulate(preds: Sequence, references: Sequence, dags: Sequence | None = None) -> dict[str, np.ndarray]:
+    """Score every instance and sum the scores into :func:`_empty_totals` buckets."""
+    preds, references = list(preds), list(references)
+    if len(preds) != len(references):
+        raise ValueError(f"got {len(preds)} predictions but {len(references)} reference lists")
+    if dags is None:
+        dags = [None] * len(preds)
+    dags = list(dags)
+    if len(dags) != len(preds):
+        raise ValueError(f"got {len(preds)} predictions but {len(dags)} DAGs")
+    totals = _empty_totals()
+    for i, (pred, refs, dag) in enumerate(zip(preds, references, dags)):
+        try:
+            scores = _score_instance(pred, refs, dag)
+        except ValueError as err:
+            if type(err) is ValueError:  # name the instance; keep subclasses (CycleError) as they are
+                raise ValueError(f"instance {i}: {err}") from err
+            raise
+        multi = np.array([scores.multi[k] for k in ORDER_KEYS])
+        totals["multi"] += multi
+        totals["single"] += np.array([scores.single[k] for k in ORDER_KEYS])
+        subset = "subset_single" if scores.num_references == 1 else "subset_multi"
+        totals[subset] += multi
+        totals["counts"] += [1.0, float(subset == "subset_single"), float(subset == "subset_multi"), 0.0]
+        if scores.dag is not None:
+            totals["dag"] += np.array([scores.dag[k] for k in DAG_KEYS])
+            totals["counts"][3] += 1.0
+    return totals
+
+
+def _finalize(totals: dict[str, np.ndarray]) -> dict[str, float]:
+    """Averages from summed totals; a group with no instances contributes no keys (never NaN)."""
+    n, n_single, n_multi, dag_n = (float(c) for c in totals["counts"])
+    out: dict[str, float] = {}
+    if n > 0:
+        out.update({k: float(v) / n for k, v in zip(ORDER_KEYS, totals["multi"])})
+        out.update({f"single/{k}": float(v) / n for k, v in zip(ORDER_KEYS, totals["single"])})
+    if n_single > 0:
+        out.update({f"subset_single/{k}": float(v) / n_single for k, v in zip(ORDER_KEYS, totals["subset_single"])})
+    if n_multi > 0:
+        out.update({f"subset_multi/{k}": float(v) / n_multi for k, v in zip(ORDER_KEYS, totals["subset_multi"])})
+    out.update({"n": n, "n_single": n_single, "n_multi": n_multi})
+    if dag_n > 0:
+        out.update({f"dag/{k}": float(v) / dag_n for k, v in zip(DAG_KEYS, totals["dag"])})
+        out["dag/n"] = dag_n
+    return out
+
+
+def corpus_order_metrics(
+    preds: Sequence[Sequence[Hashable]],
+    references: Sequence[Sequence[Sequence[Hashable]]],
+    dags: Sequence[tuple[int, Iterable] | None] | None = None,
+) -> dict[str, float]:
+    """Corpus averages of the ordering metrics, with multiple references and optional DAGs.
+
+    Args:
+        preds: one predicted order per instance.
+        references: per instance, a list of one or more valid orders; the first is the authored
+            ("gold") order.
+        dags: optional, per instance ``(num_steps, edges)`` or None; predictions of instances
+            with a DAG must be orders of the ints ``0 .. num_steps - 1``.
+
+    Returns a dict of floats:
+
+    * ``acc, pmr, dist, lcs, lcstr, tau`` -- multi-reference averages: each instance is scored
+      against ONE reference, the jointly best one -- the maximum of
+      ``(pmr, acc, tau, lcs, lcstr, -dist)`` compared lexicographically, the first listed
+      reference on ties (:func:`select_reference`);
+    * ``single/<metric>`` -- averages against the first reference only;
+    * ``subset_single/<metric>`` and ``subset_multi/<metric>`` -- the multi-reference averages
+      over the instances with exactly one reference and with more than one (Wu et al. 2022,
+      Table 4); a subset without instances has no keys;
+    * ``n``, ``n_single``, ``n_multi`` -- instance counts;
+    * with ``dags``: ``dag/valid``, ``dag/violated``, ``dag/tau`` (:func:`dag_order_metrics`)
+      averaged over the instances whose DAG has at least one edge, and their count ``dag/n``;
+      these keys are absent when there is no such instance.
+
+    An empty corpus returns only the (zero) counts.
+    """
+    return _finalize(_accumulate(preds, references, dags))
+
+
+# ---------------------------------------------------------------- pairwise relations and kappa
+def _item_order(order: list, items: Sequence[Hashable] | None) -> list:
+    """The canonical item order used to enumerate pairs: ``items`` or the sorted items."""
+    if items is None:
+        try:
+            return sorted(order)
+        except TypeError:
+            raise ValueError("the items cannot be sorted; pass items= to fix the pair order") from None
+    items = _as_order(items, "items")
+    _gold_positions(items, order)  # same items, no duplicates
+    return items
+
+
+def pairwise_relations(order: Sequence[Hashable], items: Sequence[Hashable] | None = None) -> np.ndarray:
+    """Pairwise-relation encoding of an order (Wu et al. 2022, appendix B.3.1).
+
+    With the items in a canonical order ``u_0, ..., u_{n-1}`` (``items`` if given, else the
+    sorted items), every unordered pair ``(u_a, u_b)`` with ``a < b`` is enumerated as
+    ``(0, 1), (0, 2), ..., (0, n-1), (1, 2), ...`` (``itertools.combinations`` order) and encoded
+    as 1 if ``u_a`` comes before ``u_b`` in ``order``, else 0. Returns an int64 array of length
+    ``C(n, 2)``.
+    """
+    order = _as_order(order, "order")
+    canonical = _item_order(order, items)
+    _gold_positions(order, canonical)  # validates the order itself (duplicates, membership)
+    where = {item: k for k, item in enumerate(order)}
+    position = np.array([where[item] for item in canonical], dtype=np.int64)
+    first, second = np.triu_indices(len(canonical), k=1)
+    return (position[first] < position[second]).astype(np.int64)
+
+
+def order_kappa(order_a: Sequence[Hashable], order_b: Sequence[Hashable], items: Sequence[Hashable] | None = None) -> float:
+    """Cohen's kappa between the pairwise-relation encodings of two orders of the same items.
+
+    ``kappa = (p_o - p_e) / (1 - p_e)`` with ``p_o`` the share of pairs on which the encodings
+    agree and ``p_e = q_a q_b + (1 - q_a)(1 - q_b)`` the agreement expected by chance, ``q_a`` and
+    ``q_b`` being the shares of 1s in each encoding. If ``p_e == 1`` (both encodings constant)
+    kappa is undefined; we return 1.0 if the encodings agree everywhere (``p_o == 1``) else 0.0.
+    With fewer than two items there is no pair and the result is 1.0. The pair order is fixed by
+    ``items`` (default: the sorted items), see :func:`pairwise_relations`.
+    """
+    a = _as_order(order_a, "order_a")
+    b = _as_order(order_b, "order_b")
+    _gold_positions(a, b)  # same items, no duplicates
+    canonical = _item_order(a, items)
+    x = pairwise_relations(a, canonical)
+    y = pairwise_relations(b, canonical)
+    if x.size == 0:
+        return 1.0
+    observed = float(np.mean(x == y))
+    qa, qb = float(np.mean(x)), float(np.mean(y))
+    expected = qa * qb + (1.0 - qa) * (1.0 - qb)
+    if np.isclose(expected, 1.0):
+        return 1.0 if observed == 1.0 else 0.0
+    return (observed - expected) / (1.0 - expected)
+
+
+# ---------------------------------------------------------------- torchmetrics wrapper
+class OrderingMetrics(Metric):
+    """torchmetrics wrapper around :func:`corpus_order_metrics`.
+
+    ``update(preds, references, dags=None)`` takes Python lists exactly like
+    :func:`corpus_order_metrics`; the metric keeps only sums and counts (float64 tensor states
+    with ``dist_reduce_fx="sum"``, a fixed set of states, so it synchronises under DDP), and
+    ``compute()`` returns the same dict as :func:`corpus_order_metrics` over every instance seen
+    since the last ``reset()``, each value a 0-dim float64 tensor (ready for ``log_dict``).
+    Keys of empty subsets are absent.
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    full_state_update = False
+
+    #: state name -> accumulation group of :func:`_empty_totals`
+    _STATES = {f"sum_{group}": group for group in (*_ORDER_GROUPS, "dag")} | {"counts": "counts"}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for state, group in self._STATES.items():
+            size = len(_empty_totals()[group])
+            self.add_state(state, default=torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, preds: Sequence, references: Sequence, dags: Sequence | None = None) -> None:
+        """Score a batch of instances and add their scores to the running sums."""
+        totals = _accumulate(preds, references, dags)
+        for state, group in self._STATES.items():
+            value = getattr(self, state)
+            value += torch.as_tensor(totals[group], dtype=value.dtype, device=value.device)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """The corpus metrics over everything seen, as 0-dim float64 tensors."""
+        totals = {group: getattr(self, state).detach().cpu().numpy() for state, group in self._STATES.items()}
+        device = self.counts.device
+        return {k: torch.tensor(v, dtype=torch.float64, device=device) for k, v in _finalize(totals).items()}

@@ -1,0 +1,305 @@
+"""Tests of seqaware.metrics.ordering: brute-force checks, hand-computed examples, statistics."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import kendalltau
+from sklearn.metrics import cohen_kappa_score
+
+from seqaware.metrics.ordering import (
+    ORDER_KEYS,
+    OrderingMetrics,
+    corpus_order_metrics,
+    dag_order_metrics,
+    order_kappa,
+    order_metrics,
+    pairwise_relations,
+    select_reference,
+)
+
+
+def random_perm(rng: random.Random, n: int) -> list[int]:
+    perm = list(range(n))
+    rng.shuffle(perm)
+    return perm
+
+
+def brute_lcs(a: list, b: list) -> int:
+    """Longest subsequence of ``a`` (tried from the longest) that is also a subsequence of ``b``."""
+    def is_subsequence(sub, seq):
+        it = iter(seq)
+        return all(x in it for x in sub)
+
+    for size in range(len(a), 0, -1):
+        if any(is_subsequence(sub, b) for sub in itertools.combinations(a, size)):
+            return size
+    return 0
+
+
+def brute_lcstr(a: list, b: list) -> int:
+    best = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a) + 1):
+            sub = a[i:j]
+            if any(b[k:k + len(sub)] == sub for k in range(len(b) - len(sub) + 1)):
+                best = max(best, len(sub))
+    return best
+
+
+# ---------------------------------------------------------------- per-instance metrics
+def test_hand_computed_example():
+    m = order_metrics([2, 0, 1, 3], [0, 1, 2, 3])
+    assert m == pytest.approx({
+        "acc": 0.25,      # only position 3 agrees
+        "pmr": 0.0,
+        "dist": 4.0,      # |0-2| + |1-0| + |2-1| + |3-3|
+        "lcs": 3.0,       # 0 1 3
+        "lcstr": 2.0,     # 0 1
+        "tau": 1 / 3,     # 2 inversions of 6 pairs: 1 - 4/6
+    })
+    assert list(m) == list(ORDER_KEYS)
+    assert all(isinstance(v, float) for v in m.values())
+
+
+def test_identical_and_reversed():
+    assert order_metrics([3, 1, 2], [3, 1, 2]) == {"acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 3.0, "lcstr": 3.0, "tau": 1.0}
+    m = order_metrics([4, 3, 2, 1, 0], [0, 1, 2, 3, 4])
+    assert m["tau"] == -1.0 and m["lcs"] == 1.0 and m["lcstr"] == 1.0
+    assert m["acc"] == pytest.approx(0.2) and m["dist"] == 12.0
+    assert order_metrics(["x"], ["x"]) == {"acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 1.0, "lcstr": 1.0, "tau": 1.0}
+
+
+def test_any_hashable_items_and_arrays():
+    assert order_metrics(["b", "a", "c"], ["a", "b", "c"])["lcstr"] == 1.0
+    assert order_metrics(np.array([1, 0, 2]), torch.tensor([0, 1, 2])) == order_metrics([1, 0, 2], [0, 1, 2])
+
+
+@pytest.mark.parametrize("pred, gold", [
+    ([0, 1, 2], [0, 1, 3]),     # different items
+    ([0, 1, 1], [0, 1, 2]),     # duplicate in pred
+    ([0, 1, 2], [0, 1, 1]),     # duplicate in gold
+    ([0, 1], [0, 1, 2]),        # different length
+    ([], []),                   # empty
+])
+def test_bad_input_raises(pred, gold):
+    with pytest.raises(ValueError):
+        order_metrics(pred, gold)
+
+
+def test_tau_matches_scipy():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(2, 10)
+        pred, gold = random_perm(rng, n), random_perm(rng, n)
+        pos_pred = [pred.index(i) for i in range(n)]
+        pos_gold = [gold.index(i) for i in range(n)]
+        expected = kendalltau(pos_pred, pos_gold).statistic
+        assert order_metrics(pred, gold)["tau"] == pytest.approx(expected)
+
+
+def test_lcs_and_lcstr_match_brute_force():
+    rng = random.Random(1)
+    for _ in range(150):
+        n = rng.randint(1, 8)
+        pred, gold = random_perm(rng, n), random_perm(rng, n)
+        m = order_metrics(pred, gold)
+        assert m["lcs"] == brute_lcs(pred, gold)
+        assert m["lcstr"] == brute_lcstr(pred, gold)
+
+
+def test_random_five_step_statistics():
+    rng = np.random.default_rng(2)
+    gold = list(range(5))
+    samples = [order_metrics(rng.permutation(5).tolist(), gold) for _ in range(20000)]
+    mean = {k: np.mean([s[k] for s in samples]) for k in ORDER_KEYS}
+    assert abs(mean["dist"] - 8.0) < 0.3        # exact expectation (n^2 - 1) / 3 = 8
+    assert abs(mean["tau"]) < 0.03
+    assert abs(mean["pmr"] - 1 / 120) < 0.004
+    assert abs(mean["acc"] - 0.2) < 0.02        # one fixed point in expectation
+
+
+def test_dist_exact_expectation_for_five_steps():
+    gold = list(range(5))
+    dists = [order_metrics(list(p), gold)["dist"] for p in itertools.permutations(gold)]
+    assert sum(dists) / len(dists) == pytest.approx(8.0)
+
+
+# ---------------------------------------------------------------- multiple references
+def test_select_reference_jointly_best_and_first_on_ties():
+    pred = [0, 2, 1, 3]
+    refs = [[0, 1, 2, 3], [2, 0, 1, 3], [0, 2, 1, 3]]
+    index, scores = select_reference(pred, refs)
+    assert index == 2 and scores["pmr"] == 1.0
+    # no perfect match: ref 1 has the higher acc, ref 0 the higher tau -> acc wins (comes first)
+    pred = [0, 1, 2, 3, 4]
+    refs = [[1, 2, 3, 4, 0], [0, 4, 3, 2, 1]]
+    assert order_metrics(pred, refs[0])["tau"] > order_metrics(pred, refs[1])["tau"]
+    assert order_metrics(pred, refs[1])["acc"] > order_metrics(pred, refs[0])["acc"]
+    assert select_reference(pred, refs)[0] == 1
+    # equal acc: the higher tau wins, wherever it is listed
+    refs = [[0, 4, 3, 2, 1], [1, 0, 2, 4, 3]]
+    assert order_metrics(pred, refs[0])["acc"] == order_metrics(pred, refs[1])["acc"]
+    assert select_reference(pred, refs)[0] == 1
+    # full tie: the first listed
+    assert select_reference([0, 1, 2], [[1, 0, 2], [0, 2, 1]])[0] == 0
+    assert select_reference([0, 1, 2], [[0, 2, 1], [1, 0, 2]])[0] == 0
+
+
+def test_corpus_scores_one_reference_for_all_metrics():
+    pred = [0, 1, 2, 3, 4]
+    refs = [[1, 2, 3, 4, 0], [0, 4, 3, 2, 1]]   # ref 1 is selected (acc 0.2 vs 0.0)
+    out = corpus_order_metrics([pred], [refs])
+    chosen = order_metrics(pred, refs[1])
+    for k in ORDER_KEYS:
+        assert out[k] == pytest.approx(chosen[k])
+    # the metrics are not cherry-picked per key: ref 0 has a better lcstr (4) but is not used
+    assert order_metrics(pred, refs[0])["lcstr"] == 4.0 and out["lcstr"] == 1.0
+    for k in ORDER_KEYS:
+        assert out[f"single/{k}"] == pytest.approx(order_metrics(pred, refs[0])[k])
+
+
+def test_corpus_subsets_and_counts():
+    preds = [[0, 1, 2], [1, 0, 2], [2, 1, 0]]
+    refs = [[[0, 1, 2]], [[0, 1, 2], [1, 0, 2]], [[0, 1, 2]]]
+    out = corpus_order_metrics(preds, refs)
+    assert (out["n"], out["n_single"], out["n_multi"]) == (3, 2, 1)
+    assert out["pmr"] == pytest.approx(2 / 3)
+    assert out["single/pmr"] == pytest.approx(1 / 3)
+    assert out["subset_single/pmr"] == pytest.approx(0.5)
+    assert out["subset_single/tau"] == pytest.approx(0.0)  # (1 + -1) / 2
+    assert out["subset_multi/pmr"] == 1.0
+    assert not any(k.startswith("dag/") for k in out)
+    # no multi-reference instance -> no subset_multi keys, never NaN
+    out = corpus_order_metrics([[0, 1, 2]], [[[0, 2, 1]]])
+    assert out["n_multi"] == 0 and not any(k.startswith("subset_multi/") for k in out)
+    assert all(not math.isnan(v) for v in out.values())
+    assert corpus_order_metrics([], []) == {"n": 0.0, "n_single": 0.0, "n_multi": 0.0}
+
+
+def test_corpus_bad_input():
+    with pytest.raises(ValueError):
+        corpus_order_metrics([[0, 1]], [[[0, 1]], [[1, 0]]])       # length mismatch
+    with pytest.raises(ValueError, match="instance 0"):
+        corpus_order_metrics([[0, 0]], [[[0, 1]]])                 # not a permutation
+    with pytest.raises(ValueError, match="list of orders"):
+        corpus_order_metrics([[0, 1]], [[0, 1]])                   # flat order instead of a list
+    with pytest.raises(ValueError):
+        corpus_order_metrics([[0, 1]], [[]])                       # no reference
+
+
+# ---------------------------------------------------------------- DAG metrics
+def test_dag_metrics_hand_made():
+    edges = [(0, 1), (1, 3), (2, 3)]  # closure: (0,1) (0,3) (1,3) (2,3)
+    assert dag_order_metrics([2, 0, 1, 3], 4, edges) == {"valid": 1.0, "violated": 0.0, "tau": 1.0}
+    m = dag_order_metrics([1, 0, 2, 3], 4, edges)  # only (0, 1) reversed
+    assert m == pytest.approx({"valid": 0.0, "violated": 0.25, "tau": 0.5})
+    chain = [(0, 1), (1, 2), (2, 3)]
+    assert dag_order_metrics([3, 2, 1, 0], 4, chain) == {"valid": 0.0, "violated": 1.0, "tau": -1.0}
+    with pytest.raises(ValueError):
+        dag_order_metrics([0, 1, 2], 4, chain)
+
+
+def test_dag_metrics_agree_with_enumeration():
+    from seqaware import dag as D
+    rng = random.Random(3)
+    for _ in range(40):
+        n = rng.randint(2, 6)
+        perm = random_perm(rng, n)
+        edges = [(perm[a], perm[b]) for a in range(n) for b in range(a + 1, n) if rng.random() < 0.4]
+        pred = random_perm(rng, n)
+        m = dag_order_metrics(pred, n, edges)
+        assert m["valid"] == float(pred in D.linear_extensions(n, edges))
+        assert m["tau"] == pytest.approx(1 - 2 * m["violated"])
+
+
+def test_corpus_dag_metrics():
+    preds = [[0, 1, 2], [2, 1, 0], [1, 0, 2], [0, 1, 2]]
+    refs = [[[0, 1, 2]]] * 4
+    dags = [(3, [(0, 1), (1, 2)]), (3, [(0, 1), (1, 2)]), None, (3, [])]
+    out = corpus_order_metrics(preds, refs, dags)
+    assert out["dag/n"] == 2   # instances without a DAG or without edges are not counted
+    assert out["dag/valid"] == 0.5 and out["dag/violated"] == 0.5 and out["dag/tau"] == 0.0
+    assert not any(k.startswith("dag/") for k in corpus_order_metrics(preds, refs, [None] * 4))
+
+
+# ---------------------------------------------------------------- pairwise relations and kappa
+def test_pairwise_relations_encoding():
+    # pairs in order (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+    np.testing.assert_array_equal(pairwise_relations([2, 0, 3, 1]), [1, 0, 1, 0, 0, 1])
+    np.testing.assert_array_equal(pairwise_relations([0, 1, 2]), [1, 1, 1])
+    np.testing.assert_array_equal(pairwise_relations(["c", "a", "b"]), [1, 0, 0])
+    np.testing.assert_array_equal(pairwise_relations([0, 1, 2], items=[2, 1, 0]), [0, 0, 0])
+    assert pairwise_relations([5]).shape == (0,)
+    with pytest.raises(ValueError):
+        pairwise_relations([0, 1], items=[0, 2])
+
+
+def test_order_kappa_matches_sklearn():
+    rng = random.Random(4)
+    checked = 0
+    for _ in range(200):
+        n = rng.randint(3, 8)
+        a, b = random_perm(rng, n), random_perm(rng, n)
+        x, y = pairwise_relations(a), pairwise_relations(b)
+        if len(set(x)) == 1 and len(set(y)) == 1:
+            continue  # sklearn is undefined (NaN) there
+        assert order_kappa(a, b) == pytest.approx(cohen_kappa_score(x, y))
+        checked += 1
+    assert checked > 150
+
+
+def test_order_kappa_degenerate_cases():
+    assert order_kappa([0, 1, 2], [0, 1, 2]) == 1.0      # expected agreement 1, observed 1
+    assert order_kappa([2, 1, 0], [2, 1, 0]) == 1.0
+    assert order_kappa([0, 1, 2], [2, 1, 0]) == pytest.approx(0.0)
+    assert order_kappa([7], [7]) == 1.0
+    with pytest.raises(ValueError):
+        order_kappa([0, 1, 2], [0, 1, 3])
+
+
+# ---------------------------------------------------------------- torchmetrics wrapper
+def _random_corpus(seed: int, size: int):
+    rng = random.Random(seed)
+    preds, refs, dags = [], [], []
+    for _ in range(size):
+        n = rng.randint(2, 6)
+        perm = random_perm(rng, n)
+        edges = [(perm[a], perm[b]) for a in range(n) for b in range(a + 1, n) if rng.random() < 0.3]
+        preds.append(random_perm(rng, n))
+        refs.append([random_perm(rng, n) for _ in range(rng.choice([1, 1, 2, 3]))])
+        dags.append(rng.choice([None, (n, edges)]))
+    return preds, refs, dags
+
+
+def test_ordering_metric_equals_corpus_metrics():
+    preds, refs, dags = _random_corpus(5, 60)
+    expected = corpus_order_metrics(preds, refs, dags)
+    metric = OrderingMetrics()
+    for start in range(0, 60, 13):
+        metric.update(preds[start:start + 13], refs[start:start + 13], dags[start:start + 13])
+    got = metric.compute()
+    assert set(got) == set(expected)
+    for k, v in got.items():
+        assert isinstance(v, torch.Tensor) and v.ndim == 0 and v.is_floating_point()
+        assert float(v) == pytest.approx(expected[k], abs=1e-12)
+    metric.reset()
+    metric.update(preds[:3], refs[:3])
+    assert {k: float(v) for k, v in metric.compute().items()} == pytest.approx(corpus_order_metrics(preds[:3], refs[:3]))
+
+
+def test_ordering_metric_states_are_fixed_sums():
+    metric = OrderingMetrics()
+    names = set(metric._defaults)
+    metric.update([[0, 1]], [[[0, 1]]])
+    metric.update([[1, 0, 2]], [[[0, 1, 2], [1, 0, 2]]], [(3, [(0, 2)])])
+    assert set(metric._defaults) == names
+    assert all(metric._reductions[name] is not None for name in names)
+    out = metric.compute()
+    assert float(out["n_single"]) == 1 and float(out["n_multi"]) == 1 and float(out["dag/n"]) == 1
+    with pytest.raises(ValueError):
+        metric.update([[0, 0]], [[[0, 1]]])

@@ -1,0 +1,106 @@
+"""train.py end to end on tiny synthetic data: every experiment's fast_dev_run, resume, predictions."""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_fast_dev_run_every_experiment(compose_train, experiment, caplog):
+    cfg = compose_train(f"experiment={experiment}", "trainer.fast_dev_run=true")
+    metrics = train.run(cfg)
+    assert "test/pmr" in metrics and 0.0 <= metrics["test/pmr"] <= 1.0
+    assert "testing the current weights" in caplog.text  # fast_dev_run saves no checkpoint
+
+
+def test_mistyped_key_fails_with_hydras_error(compose_train):
+    with pytest.raises((ConfigCompositionException, ConfigAttributeError, ConfigKeyError)):
+        compose_train("experiment=order_baseline", "trainer.max_epochz=3")
+    with pytest.raises(ConfigCompositionException):
+        compose_train("experiment=order_baseline", "model=not_a_model")
+
+
+def test_wu2022_preset_rows(compose_train):
+    cfg = compose_train("experiment=order_baseline", "hparams=wu2022")
+    assert cfg.model.optimizer._target_ == "torch.optim.Adam"
+    assert cfg.model.optimizer.lr == 5e-6 and cfg.trainer.max_epochs == 10 and cfg.data.batch_size == 4
+    cfg = compose_train("experiment=order_baseline", "hparams=wu2022", "stage=pretrain")
+    assert cfg.model.optimizer.lr == 1e-5 and cfg.trainer.max_epochs == 5
+    cfg = compose_train("experiment=order_baseline", "hparams=wu2022", "stage=finetune_text")
+    assert cfg.model.optimizer.lr == 5e-6 and cfg.trainer.max_epochs == 5
+
+
+def _short_run(compose_train, *extra):
+    return compose_train("experiment=order_baseline", "trainer.max_epochs=2", "trainer.limit_train_batches=2",
+                         "trainer.limit_val_batches=1", "data.batch_size=4", "model.net.dim=32",
+                         "data.collator.image_size=32", *extra)
+
+
+def test_fit_test_writes_best_checkpoint_and_predictions(compose_train, caplog):
+    caplog.set_level(logging.INFO, logger="seqaware.train")
+    cfg = _short_run(compose_train)
+    metrics = train.run(cfg)
+    out = Path(cfg.paths.output_dir)
+    assert (out / "checkpoints" / "last.ckpt").is_file()
+    assert "testing the best checkpoint" in caplog.text
+    lines = (out / cfg.predictions_file).read_text().splitlines()
+    assert len(lines) == 8  # tiny test split
+    record = json.loads(lines[0])
+    assert sorted(record["pred"]) == sorted(record["gold"]) and record["references"][0] == record["gold"]
+    assert set(record["metrics"]) == {"acc", "pmr", "dist", "lcs", "lcstr", "tau"}
+    for key in ("acc", "pmr", "dist", "lcs", "lcstr", "tau"):
+        assert f"test/{key}" in metrics
+    assert (out / "csv" / "metrics.csv").is_file()
+
+
+def test_resume_is_exact(compose_train, tmp_path):
+    """2 epochs straight == 1 epoch, stop, resume from last.ckpt for the 2nd epoch."""
+    full = _short_run(compose_train, "test=false")
+    train.run(full)
+    straight = torch.load(Path(full.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+
+    first = _short_run(compose_train, "test=false", "trainer.max_epochs=1", f"paths.output_dir={tmp_path / 'a'}")
+    train.run(first)
+    ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    resumed_cfg = _short_run(compose_train, "test=false", f"ckpt_path={ckpt}", f"paths.output_dir={tmp_path / 'b'}")
+    train.run(resumed_cfg)
+    resumed = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)
+
+    assert resumed["global_step"] == straight["global_step"] == 4
+    for key, value in straight["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][key], value, rtol=0, atol=0, msg=key)
+
+
+def test_checkpoint_loads_on_its_own(compose_train):
+    from seqaware.modules.sequencing import PairwiseSequencingModule
+
+    cfg = _short_run(compose_train, "test=false", "trainer.max_epochs=1")
+    train.run(cfg)
+    model = PairwiseSequencingModule.load_from_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    assert model.net.modality == "multimodal"
+
+
+@pytest.mark.slow
+def test_main_entry_point_runs_as_a_script(tmp_path, cache_dir):
+    from conftest import TINY_SYNTHETIC
+
+    over = [f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]
+    cmd = [sys.executable, str(ROOT / "train.py"), "experiment=order_baseline", "trainer.max_epochs=1",
+           f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / 'run'}", "data.collator.image_size=32", *over]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "test/pmr:" in res.stdout
+    assert (tmp_path / "run" / "predictions_test.jsonl").is_file()
