@@ -104,3 +104,39 @@ def test_main_entry_point_runs_as_a_script(tmp_path, cache_dir):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "test/pmr:" in res.stdout
     assert (tmp_path / "run" / "predictions_test.jsonl").is_file()
+
+
+@pytest.mark.parametrize("logger", ["tensorboard", "wandb"])
+def test_other_loggers(compose_train, logger, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+    extra = ["logger.wandb.offline=true"] if logger == "wandb" else []
+    # not fast_dev_run: Lightning swaps the loggers for a dummy under it
+    cfg = compose_train("experiment=order_baseline", f"logger={logger}", "trainer.max_epochs=1", "trainer.limit_train_batches=1",
+                        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", *extra)
+    train.run(cfg)
+    out = Path(cfg.paths.output_dir)
+    if logger == "wandb":
+        runs = list(out.glob("wandb/offline-run-*"))
+        assert len(runs) == 1, "expected exactly one offline W&B run"
+        assert list(runs[0].glob("*.wandb")), "the offline run holds no data"
+    else:
+        assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_one_run_folder(tmp_path, cache_dir):
+    """2-process gloo DDP: one run folder, one predictions file holding every test procedure once."""
+    from conftest import TINY_SYNTHETIC
+
+    over = [f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, str(ROOT / "train.py"), "experiment=order_baseline", "trainer=ddp", "trainer.accelerator=cpu",
+           "trainer.devices=2", "trainer.max_epochs=1", "data.batch_size=4", "data.collator.image_size=32",
+           f"paths.cache_dir={cache_dir}", f"paths.log_dir={logs}", "callbacks.progress_bar.refresh_rate=0", *over]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    runs = list((logs / "order_baseline" / "runs").iterdir())
+    assert len(runs) == 1, runs
+    preds = [json.loads(line) for line in (runs[0] / "predictions_test.jsonl").read_text().splitlines()]
+    assert len(preds) == TINY_SYNTHETIC["num_test"] == len({p["id"] for p in preds})
+    assert res.stdout.count("TEST_METRICS_JSON") == 1
