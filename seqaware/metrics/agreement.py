@@ -17,7 +17,7 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from seqaware import dag as dag_utils
-from seqaware.metrics.ordering import order_kappa, pairwise_relations
+from seqaware.metrics.ordering import binary_kappa, order_kappa, pairwise_relations
 
 
 # ---------------------------------------------------------------- orders
@@ -37,26 +37,6 @@ def mean_pairwise_kappa(orders_by_annotator: Mapping[Any, Sequence[Hashable]] | 
     """
     orders = _annotator_values(orders_by_annotator)
     return float(np.mean([order_kappa(a, b, items) for a, b in itertools.combinations(orders, 2)]))
-
-
-def binary_kappa(x: Sequence[int], y: Sequence[int]) -> float:
-    """Cohen's kappa between two 0/1 encodings, with the conventions of :func:`order_kappa`.
-
-    ``kappa = (p_o - p_e) / (1 - p_e)``, ``p_e = q_x q_y + (1 - q_x)(1 - q_y)``; when both
-    encodings are constant (``p_e == 1``) the result is 1.0 if they agree everywhere, else 0.0;
-    empty encodings give 1.0. For encodings of two orders this equals ``order_kappa``.
-    """
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.shape != y.shape:
-        raise ValueError(f"encodings differ in length: {x.size} vs {y.size}")
-    if x.size == 0:
-        return 1.0
-    observed = float(np.mean(x == y))
-    qx, qy = float(np.mean(x)), float(np.mean(y))
-    expected = qx * qy + (1.0 - qx) * (1.0 - qy)
-    if np.isclose(expected, 1.0):
-        return 1.0 if observed == 1.0 else 0.0
-    return (observed - expected) / (1.0 - expected)
 
 
 def majority_relations(alternatives: Sequence[Sequence[Hashable]], items: Sequence[Hashable] | None = None) -> np.ndarray:

@@ -365,13 +365,24 @@ def order_kappa(order_a: Sequence[Hashable], order_b: Sequence[Hashable], items:
     b = _as_order(order_b, "order_b")
     _gold_positions(a, b)  # same items, no duplicates
     canonical = _item_order(a, items)
-    x = pairwise_relations(a, canonical)
-    y = pairwise_relations(b, canonical)
+    return binary_kappa(pairwise_relations(a, canonical), pairwise_relations(b, canonical))
+
+
+def binary_kappa(x: Sequence[int], y: Sequence[int]) -> float:
+    """Cohen's kappa between two 0/1 encodings, with the conventions of :func:`order_kappa`.
+
+    ``kappa = (p_o - p_e) / (1 - p_e)``, ``p_e = q_x q_y + (1 - q_x)(1 - q_y)``; when both
+    encodings are constant (``p_e == 1``) the result is 1.0 if they agree everywhere, else 0.0;
+    empty encodings give 1.0. For encodings of two orders this equals ``order_kappa``.
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"encodings differ in length: {x.size} vs {y.size}")
     if x.size == 0:
         return 1.0
     observed = float(np.mean(x == y))
-    qa, qb = float(np.mean(x)), float(np.mean(y))
-    expected = qa * qb + (1.0 - qa) * (1.0 - qb)
+    qx, qy = float(np.mean(x)), float(np.mean(y))
+    expected = qx * qy + (1.0 - qx) * (1.0 - qy)
     if np.isclose(expected, 1.0):
         return 1.0 if observed == 1.0 else 0.0
     return (observed - expected) / (1.0 - expected)

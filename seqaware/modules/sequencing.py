@@ -17,10 +17,11 @@ def pairwise_targets(gold: torch.Tensor, step_mask: torch.Tensor) -> tuple[torch
     ``gold[b, k]`` is the input position of the k-th step (-1 padding).
     """
     b, s = step_mask.shape
-    rank = torch.full((b, s), -1, dtype=torch.long, device=gold.device)
-    valid_gold = gold >= 0
     positions = torch.arange(s, device=gold.device).expand(b, s)
-    rank.scatter_(1, gold.clamp(min=0), torch.where(valid_gold, positions, rank))
+    # rank[b, i] = place of input step i in the gold order; padding entries go to a spare column s
+    rank = torch.full((b, s + 1), -1, dtype=torch.long, device=gold.device)
+    rank.scatter_(1, torch.where(gold >= 0, gold, s), positions)
+    rank = rank[:, :s]
     eye = torch.eye(s, dtype=torch.bool, device=gold.device)
     mask = step_mask[:, :, None] & step_mask[:, None, :] & ~eye
     return (rank[:, :, None] < rank[:, None, :]).float(), mask
