@@ -1,0 +1,80 @@
+"""Patch-swap prediction (PISP, Wu et al. 2022, sec. 4.2).
+
+With probability ``delta`` per sample, two distinct steps with images are chosen, ``M`` is drawn
+uniformly from ``[1, w]`` and ``M`` patches of EACH image are selected independently (the two index
+sets may differ; each is the first ``M`` of an argsort of noise).  The k-th selected patch of the
+first image is exchanged with the k-th selected patch of the second.  A binary head on [CLS]
+predicts whether a swap happened.
+
+With a ``patch_mask`` only real patches are selected, and ``M`` is capped by the number of real
+patches of both images, so padding never moves.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from seqaware.objectives.base import SwapClassificationObjective, choose_image_pair, randint, shallow_copy, uniform
+
+
+class PatchSwapPrediction(SwapClassificationObjective):
+    """PISP objective.
+
+    Targets: ``pisp_labels (B,)`` long, ``pisp_steps (B, 2)`` (-1 where not swapped),
+    ``pisp_num_patches (B,)`` = M (0 where not swapped) and ``pisp_swapped (B, S, P)`` bool, the
+    positions whose features were replaced.
+    """
+
+    name = "pisp"
+
+    def __init__(self, hidden_size: int, delta: float = 0.5, max_patches: int = 7,
+                 head_hidden: Optional[int] = None):
+        super().__init__(hidden_size, delta=delta, head_hidden=head_hidden)
+        if max_patches < 1:
+            raise ValueError(f"pisp: max_patches (w) must be >= 1, got {max_patches}")
+        self.max_patches = int(max_patches)
+
+    def corrupt(self, batch: dict, generator: torch.Generator) -> tuple[dict, dict]:
+        feats = batch["visual_feats"]
+        B, S, P, D = feats.shape
+        device = feats.device
+        swap, first, second = choose_image_pair(batch["visual_mask"], self.delta, generator)
+        rows = torch.arange(B, device=device)
+        patch_mask = batch.get("patch_mask")
+        if patch_mask is None:
+            valid_a = valid_b = torch.ones(B, P, dtype=torch.bool, device=device)
+        else:
+            valid_a, valid_b = patch_mask[rows, first].bool(), patch_mask[rows, second].bool()
+
+        m = randint(1, self.max_patches + 1, (B,), generator, device)
+        m = torch.minimum(m, torch.minimum(valid_a.sum(1), valid_b.sum(1)))
+        swap = swap & (m > 0)  # an image without real patches cannot take part in a swap
+        m = torch.where(swap, m, torch.zeros_like(m))
+
+        # order_x[:, k] = k-th selected patch of image x; rank_x[:, p] = where patch p sits in it
+        order_a = uniform((B, P), generator, device).masked_fill(~valid_a, 2.0).argsort(dim=1)
+        order_b = uniform((B, P), generator, device).masked_fill(~valid_b, 2.0).argsort(dim=1)
+        rank_a, rank_b = order_a.argsort(dim=1), order_b.argsort(dim=1)
+        take_a = rank_a < m[:, None]  # (B, P) patches of image a that receive a patch of b
+        take_b = rank_b < m[:, None]
+
+        feats_a, feats_b = feats[rows, first], feats[rows, second]  # (B, P, D)
+        src_for_a = order_b.gather(1, rank_a)  # patch of b paired with each patch of a
+        src_for_b = order_a.gather(1, rank_b)
+        new_a = torch.where(take_a[..., None], feats_b.gather(1, src_for_a[..., None].expand(B, P, D)), feats_a)
+        new_b = torch.where(take_b[..., None], feats_a.gather(1, src_for_b[..., None].expand(B, P, D)), feats_b)
+
+        new_feats = feats.clone()
+        swapped = torch.zeros(B, S, P, dtype=torch.bool, device=device)
+        if S >= 2:  # first != second, so the two writes never collide
+            new_feats[rows, first] = new_a
+            new_feats[rows, second] = new_b
+            swapped[rows, first] = take_a
+            swapped[rows, second] = take_b
+
+        corrupted = shallow_copy(batch)
+        corrupted["visual_feats"] = new_feats
+        steps = torch.stack([first, second], dim=1).masked_fill(~swap[:, None], -1)
+        targets = {"pisp_labels": swap.long(), "pisp_steps": steps, "pisp_num_patches": m, "pisp_swapped": swapped}
+        return corrupted, targets

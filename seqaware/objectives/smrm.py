@@ -1,0 +1,211 @@
+"""Sequential masked region modelling (SMRM, Wu et al. 2022, sec. 4.2).
+
+``k`` patches of every image (``num_masked``, or ``round(mask_ratio * P)``: 7 of 49 CLIP patches)
+are zeroed at the fusion input.  For each masked patch the model must pick, among a vocabulary of
+candidate target states, the one of its own position: ``score(q, c) = MLP([q ; c])`` for the masked
+output state ``q`` and every candidate ``c``, trained with |C|-way cross-entropy.
+
+Targets are the encoder's states of the masked patches on the *unmasked* input (``target="output"``,
+the ``patch_states`` of a no-grad clean pass) or the projected input features (``target="input"``,
+its ``projected_visual``); the caller runs the clean pass (``needs_clean_pass``) and passes
+``target_states=objective.select_target_states(clean_outputs)`` to ``forward``.
+
+Candidate vocabulary (``vocab_scope``): ``sequence`` = the masked patches of the images of the same
+sample, ``batch`` = all masked patches of the mini-batch, ``global`` = all masked patches of the
+global batch, gathered across DDP ranks (falls back to ``batch`` when torch.distributed is not
+initialised).  Candidates are shuffled per masked position so ties never favour the gold index.
+
+Overlap bound: the masked positions of any two images of one sample share fewer than k/2 positions.
+Construction (per sample, fully vectorised): draw a random permutation ``pi`` of the P positions
+(argsort of noise) and a random ordering of the sample's n image steps; the image of rank r gets the
+cyclic window ``pi[(r*c + j) mod P], j = 0..k-1`` with spacing ``c = P // n``.  Two windows whose
+offsets differ by d share ``max(0, k-d) + max(0, k-(P-d))`` positions.  Offsets differ by
+``d = c*|r-r'|`` with ``c <= d <= (n-1)c <= P-c``, so ``min(d, P-d) >= c``; with ``2k <= P`` at most
+one of the two terms is positive, hence the overlap is ``<= max(0, k - c)``.  Requiring
+``c >= k//2 + 1`` gives overlap ``<= ceil(k/2) - 1 < k/2`` for every pair.  The requirement holds
+while ``n <= P // (k//2 + 1)`` (12 images for 7 of 49 patches); longer sequences raise a clear
+error.  With few images (``c >= k``) the masks are disjoint.  Marginally each image's mask is a
+uniformly random k-subset.  With a ``patch_mask``, padded patches are dropped from the mask.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from seqaware.objectives.base import EncoderOutput, Objective, shallow_copy, uniform
+
+TARGETS = ("output", "input")
+SCOPES = ("sequence", "batch", "global")
+
+
+def spaced_window_masks(visual_mask: torch.Tensor, num_patches: int, num_masked: int,
+                        generator: torch.Generator) -> torch.Tensor:
+    """(B, S, P) bool masks of ``num_masked`` patches per image with pairwise overlap < k/2.
+
+    See the module docstring for the construction and the proof of the bound.
+    """
+    B, S = visual_mask.shape
+    P, k = num_patches, num_masked
+    device = visual_mask.device
+    has_image = visual_mask.bool()
+    if k == 0:
+        return torch.zeros(B, S, P, dtype=torch.bool, device=device)
+    if 2 * k > P:
+        raise ValueError(f"smrm: masking {k} of {P} patches (> 50%) cannot keep the overlap of two images "
+                         "below 50%; lower smrm mask_ratio / num_masked")
+    n_images = has_image.sum(1).clamp(min=1)  # (B,)
+    spacing = P // n_images
+    min_spacing = k // 2 + 1
+    if bool((spacing < min_spacing).any()):
+        raise ValueError(f"smrm: a sample has {int(n_images.max())} images, but masking {k} of {P} patches "
+                         f"with < 50% pairwise overlap supports at most {P // min_spacing} images per sample; "
+                         "lower the maximum number of steps per pretraining sequence or smrm mask_ratio")
+    pi = uniform((B, P), generator, device).argsort(dim=1)  # random positions order per sample
+    step_order = uniform((B, S), generator, device).masked_fill(~has_image, 2.0).argsort(dim=1)
+    image_rank = step_order.argsort(dim=1)  # (B, S), 0..n-1 for the image steps
+    offsets = image_rank * spacing[:, None]
+    window = (offsets[..., None] + torch.arange(k, device=device)) % P  # (B, S, k)
+    positions = pi[:, None, :].expand(B, S, P).gather(2, window)
+    masks = torch.zeros(B, S, P, dtype=torch.bool, device=device).scatter(2, positions, True)
+    return masks & has_image[..., None]
+
+
+class SequentialMaskedRegionModeling(Objective):
+    """SMRM objective.
+
+    Args:
+        hidden_size: encoder width H.
+        mask_ratio: fraction of each image's patches to mask (``round(mask_ratio * P)``).
+        num_masked: explicit k (overrides ``mask_ratio``).
+        target: ``output`` (clean-pass output states) or ``input`` (clean projected features).
+        vocab_scope: ``sequence`` | ``batch`` | ``global``.
+        score_hidden: hidden width of the scoring MLP (default H).
+
+    Targets: ``smrm_mask (B, S, P)`` bool, the masked patches.
+    """
+
+    name = "smrm"
+    modalities = frozenset({"image"})
+    needs_clean_pass = True
+
+    def __init__(self, hidden_size: int, mask_ratio: float = 0.15, num_masked: Optional[int] = None,
+                 target: str = "output", vocab_scope: str = "batch", score_hidden: Optional[int] = None):
+        super().__init__()
+        if target not in TARGETS:
+            raise ValueError(f"smrm: target must be one of {TARGETS}, got {target!r}")
+        if vocab_scope not in SCOPES:
+            raise ValueError(f"smrm: vocab_scope must be one of {SCOPES}, got {vocab_scope!r}")
+        if not 0.0 <= mask_ratio <= 0.5:
+            raise ValueError(f"smrm: mask_ratio must be in [0, 0.5], got {mask_ratio}")
+        if num_masked is not None and num_masked < 0:
+            raise ValueError(f"smrm: num_masked must be >= 0, got {num_masked}")
+        self.mask_ratio = float(mask_ratio)
+        self.num_masked = num_masked
+        self.target = target
+        self.vocab_scope = vocab_scope
+        self.hidden_size = int(hidden_size)
+        hid = score_hidden or hidden_size
+        # scores one (masked output ; candidate) concatenation; evaluated in factorised form below
+        self.scorer = nn.Sequential(nn.Linear(2 * hidden_size, hid), nn.GELU(), nn.Linear(hid, 1))
+
+    def masked_per_image(self, num_patches: int) -> int:
+        """k, the number of masked patches per image of ``num_patches`` patches."""
+        if self.num_masked is not None:
+            return min(int(self.num_masked), num_patches)
+        return int(round(self.mask_ratio * num_patches))
+
+    def corrupt(self, batch: dict, generator: torch.Generator) -> tuple[dict, dict]:
+        feats = batch["visual_feats"]
+        P = feats.shape[2]
+        mask = spaced_window_masks(batch["visual_mask"], P, self.masked_per_image(P), generator)
+        if batch.get("patch_mask") is not None:
+            mask = mask & batch["patch_mask"].bool()
+        corrupted = shallow_copy(batch)
+        corrupted["visual_feats"] = feats.masked_fill(mask[..., None], 0.0)
+        return corrupted, {"smrm_mask": mask}
+
+    def select_target_states(self, clean_outputs: EncoderOutput) -> torch.Tensor:
+        """The (B, S, P, H) target states from the clean (unmasked) pass, detached."""
+        states = clean_outputs.patch_states if self.target == "output" else clean_outputs.projected_visual
+        return states.detach()
+
+    def score(self, queries: torch.Tensor, bank: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        """``scorer([q_n ; bank[group_n, c]])`` for every query n and candidate c: (N, C).
+
+        The first Linear of the MLP acts on a concatenation, so it splits into a query part and a
+        candidate part that are projected once each and broadcast-added: the same numbers as
+        running the MLP on the (N, C, 2H) concatenation, without materialising it.
+        """
+        first = self.scorer[0]
+        H = self.hidden_size
+        q = F.linear(queries, first.weight[:, :H], first.bias)  # (N, hid)
+        c = F.linear(bank, first.weight[:, H:])  # (G, C, hid)
+        hidden = q[:, None, :] + c[group]  # (N, C, hid)
+        return self.scorer[1:](hidden).squeeze(-1)
+
+    def _candidates(self, tgt: torch.Tensor, sample_of: torch.Tensor, num_samples: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Candidate bank (G, C, H), its validity (G, C), each query's group (N,) and gold index (N,)."""
+        N = tgt.shape[0]
+        device = tgt.device
+        local = torch.arange(N, device=device)
+        if self.vocab_scope == "sequence":
+            counts = torch.bincount(sample_of, minlength=num_samples)
+            starts = counts.cumsum(0) - counts
+            slot = local - starts[sample_of]  # masked patches are in sample order (row-major mask)
+            width = int(counts.max())
+            bank = tgt.new_zeros(num_samples, width, tgt.shape[1])
+            bank[sample_of, slot] = tgt
+            valid = torch.zeros(num_samples, width, dtype=torch.bool, device=device)
+            valid[sample_of, slot] = True
+            return bank, valid, sample_of, slot
+        group = torch.zeros(N, dtype=torch.long, device=device)
+        if self.vocab_scope == "global" and dist.is_available() and dist.is_initialized():
+            world, rank = dist.get_world_size(), dist.get_rank()
+            count = torch.tensor([N], device=device)
+            counts = [torch.zeros_like(count) for _ in range(world)]
+            dist.all_gather(counts, count)
+            width = int(torch.stack(counts).max())
+            padded = tgt.new_zeros(width, tgt.shape[1])
+            padded[:N] = tgt
+            gathered = [torch.zeros_like(padded) for _ in range(world)]
+            dist.all_gather(gathered, padded)  # targets are detached: no gradient crosses ranks
+            valid = torch.cat([torch.arange(width, device=device) < int(n) for n in counts])
+            return torch.cat(gathered)[None], valid[None], group, rank * width + local
+        return tgt[None], torch.ones(1, N, dtype=torch.bool, device=device), group, local
+
+    def forward(self, outputs: EncoderOutput, targets: dict, target_states: Optional[torch.Tensor] = None,
+                generator: Optional[torch.Generator] = None, **extra) -> tuple[torch.Tensor, dict]:
+        """SMRM loss; ``target_states`` (B, S, P, H) from :meth:`select_target_states` is required.
+
+        ``generator`` (optional) drives the per-position candidate shuffle.
+        """
+        if target_states is None:
+            raise ValueError("smrm: forward needs target_states=objective.select_target_states(clean_outputs) "
+                             "from a no-grad encoder pass over the unmasked input")
+        mask = targets["smrm_mask"]
+        B = mask.shape[0]
+        queries = outputs.patch_states[mask]  # (N, H), row-major: grouped by sample
+        if queries.shape[0] == 0:
+            zero = outputs.patch_states.sum() * 0.0
+            return zero, {"smrm_loss": zero.detach(), "smrm_acc": zero.detach(),
+                          "smrm_num_candidates": torch.zeros((), device=zero.device)}
+        tgt = target_states.detach()[mask]
+        sample_of = torch.arange(B, device=mask.device)[:, None, None].expand_as(mask)[mask]
+        bank, valid, group, gold = self._candidates(tgt, sample_of, B)
+
+        scores = self.score(queries, bank, group).masked_fill(~valid[group], float("-inf"))
+        N, C = scores.shape
+        noise = torch.rand((N, C), generator=generator, device=generator.device if generator else None)
+        perm = noise.to(scores.device).argsort(dim=1)  # shuffled column c holds candidate perm[:, c]
+        scores = scores.gather(1, perm)
+        gold = perm.argsort(dim=1).gather(1, gold[:, None]).squeeze(1)
+
+        loss = F.cross_entropy(scores, gold)
+        acc = (scores.argmax(-1) == gold).float().mean()
+        num_candidates = valid[group].sum(1).float().mean()
+        return loss, {"smrm_loss": loss.detach(), "smrm_acc": acc.detach(), "smrm_num_candidates": num_candidates}
