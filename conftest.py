@@ -48,10 +48,13 @@ def tiny_synthetic_dir(cache_dir) -> Path:
 
 def tiny_overrides(output_dir: Path, cache_dir: Path) -> list[str]:
     """Overrides that make any experiment tiny and fast on CPU."""
-    over = [f"paths.output_dir={output_dir}", f"paths.cache_dir={cache_dir}", "trainer.accelerator=cpu",
+    return [f"paths.output_dir={output_dir}", f"paths.cache_dir={cache_dir}", "trainer.accelerator=cpu",
             "trainer.devices=1", "data.num_workers=0", "logger=csv", "callbacks.progress_bar.refresh_rate=0"]
-    over += [f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]
-    return over
+
+
+def tiny_synthetic_overrides() -> list[str]:
+    """Extra overrides for experiments whose data is the synthetic world: the tiny world."""
+    return [f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]
 
 
 @pytest.fixture
@@ -66,7 +69,12 @@ def compose_train(tmp_path, cache_dir):
         GlobalHydra.instance().clear()
         extra = tiny_overrides(tmp_path / "run", cache_dir) if tiny else []
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-            return compose(config_name="train.yaml", overrides=extra + list(overrides))
+            cfg = compose(config_name="train.yaml", overrides=extra + list(overrides))
+            source = cfg.get("data", {}).get("source", {}) or {}
+            if tiny and "synthetic_source" in str(source.get("_target_", "")):
+                # the tiny world first, so the test's own overrides still win
+                cfg = compose(config_name="train.yaml", overrides=extra + tiny_synthetic_overrides() + list(overrides))
+            return cfg
 
     yield _compose
     GlobalHydra.instance().clear()

@@ -16,6 +16,14 @@ def _valid_pairs(step_mask: torch.Tensor) -> torch.Tensor:
     return step_mask[:, :, None] & step_mask[:, None, :] & ~eye
 
 
+def pair_log_probs(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
+    """``log P(i before j)`` from logits of both directions, made consistent: with
+    ``s_ij = (l_ij - l_ji) / 2`` it is ``log sigmoid(s_ij)``, so P(i before j) + P(j before i) = 1.
+    Invalid pairs (padding, i == j) get 0."""
+    sym = (pair_logits.float() - pair_logits.float().transpose(1, 2)) / 2
+    return F.logsigmoid(sym) * _valid_pairs(step_mask)
+
+
 def borda_order(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[list[int]]:
     """Sort steps by their expected number of wins, sum_j P(i before j) (ties: lower index first)."""
     wins = (torch.sigmoid(pair_logits) * _valid_pairs(step_mask)).sum(-1)
@@ -47,10 +55,10 @@ def greedy_order(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[lis
     return orders
 
 
-DECODERS = {"borda": borda_order, "greedy": greedy_order}
-
-
 def decode_pairwise(name: str, pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[list[int]]:
-    if name not in DECODERS:
-        raise ValueError(f"unknown pairwise decoder {name!r}; choose one of {sorted(DECODERS)}")
-    return DECODERS[name](pair_logits, step_mask)
+    """Decode with the pairwise decoder registered as ``name`` (see :data:`decoders.PAIRWISE_DECODERS`)."""
+    from decoders import PAIRWISE_DECODERS
+
+    if name not in PAIRWISE_DECODERS:
+        raise ValueError(f"unknown pairwise decoder {name!r}; choose one of {sorted(PAIRWISE_DECODERS)}")
+    return PAIRWISE_DECODERS[name](pair_logits, step_mask)

@@ -15,12 +15,40 @@ def _check_modality(modality: str) -> str:
     return modality
 
 
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU has bf16 matrix instructions (AMX or AVX512-BF16): bf16 autocast is then
+    about 2x faster than fp32 for transformer encoders; without them it is slower."""
+    try:
+        import torch
+
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except (OSError, RuntimeError, AttributeError):
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def auto_precision(accelerator: str = "cpu") -> str:
+    """Lightning precision for ``trainer.precision: ${auto_precision:${trainer.accelerator}}``:
+    ``bf16-mixed`` on GPUs and on CPUs with fast bf16, ``32-true`` otherwise."""
+    if accelerator in ("gpu", "cuda"):
+        return "bf16-mixed"
+    if accelerator == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return "bf16-mixed"
+    return "bf16-mixed" if cpu_has_fast_bf16() else "32-true"
+
+
 def register_resolvers() -> None:
     resolvers = {
         # the checkout (or installed package) root; configs resolve relative paths against it
         "project_root": lambda: str(PROJECT_ROOT),
         "uses_text": lambda m: _check_modality(m) in ("text", "multimodal"),
         "uses_images": lambda m: _check_modality(m) in ("image", "multimodal"),
+        "auto_precision": auto_precision,
     }
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from seqaware.metrics.ordering import OrderingMetrics, order_metrics
@@ -41,9 +41,14 @@ class SeqawareModule(pl.LightningModule):
     run resumed with ``ckpt_path=`` continue exactly like the uninterrupted run.
     """
 
+    def param_groups(self) -> list[dict]:
+        """Parameter groups of the optimiser (default: one group of all trainable parameters)."""
+        return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
     def configure_optimizers(self):
         opt_cfg = dict(self.hparams.optimizer)
-        optimizer = instantiate(opt_cfg, params=[p for p in self.parameters() if p.requires_grad])
+        # parameter groups hold tensors: call the class directly rather than through instantiate()
+        optimizer = get_class(opt_cfg.pop("_target_"))(self.param_groups(), **opt_cfg)
         sched_cfg = self.hparams.get("scheduler")
         if not sched_cfg:
             return optimizer

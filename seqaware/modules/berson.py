@@ -1,0 +1,172 @@
+"""Lightning module for BERSON order decoding fine-tuned end to end (``experiment=berson_*``).
+
+Wiring only: a sequence encoder (:mod:`seqaware.encoders`) encodes every ordered pair of steps
+jointly, the BERSON network (:mod:`decoders.berson`) turns the pair states into an order, and the
+ordering metrics score it.
+
+Pairs.  For an instance with n steps the n(n-1) ordered pairs (i, j) are built with index tensors
+(no Python loop over pairs) and encoded in chunks of ``pair_chunk`` pairs, so a 20-step procedure
+(380 pairs) fits in memory; ``checkpoint_chunks`` recomputes each chunk's activations in backward.
+Text: ``[CLS] step_i [SEP] step_j [SEP]``.  Images: the visual backbone runs once per step image
+and the pair gathers the two steps' visual tokens, so the segment of step i inside a pair is its
+text tokens plus its image tokens -- exactly what the hierarchical attention pools.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+from hydra.utils import instantiate
+from torch.utils.checkpoint import checkpoint
+
+from decoders import PAIRWISE_DECODERS
+from decoders.berson import BersonDecoder, BersonState, pair_index
+from seqaware.encoders.base import SequenceEncoder, pack_steps
+from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container
+from seqaware.modules.sequencing import pairwise_targets
+
+log = logging.getLogger(__name__)
+
+POINTER_DECODERS = ("beam", "greedy")
+
+
+class BersonModule(OrderingEvalMixin, SeqawareModule):
+    """BERSON over any sequence encoder.
+
+    Args:
+        encoder: encoder config (``configs/encoder/*.yaml``: ``_target_`` + arguments); its ``ckpt``
+            loads the weights of a pretraining run (``encoder.pt`` or a Lightning checkpoint).
+        decoder: :class:`decoders.berson.BersonDecoder` arguments (``lambda_pair``, paragraph layers, ...).
+        decoding: ``beam`` | ``greedy`` (the pointer network) or a pairwise decoder on the pairwise
+            head: ``topological`` | ``exact`` | ``borda``.
+        beam_size: beam width (BERSON: 16); 1 gives the greedy order.
+        pair_chunk: pairs encoded per encoder call.
+        checkpoint_chunks: activation checkpointing per chunk during training.
+        head_lr: learning rate of the BERSON network (default: the optimiser's lr, as in BERSON).
+    """
+
+    def __init__(self, encoder: dict, optimizer: dict, decoder: Optional[dict] = None, scheduler: Optional[dict] = None,
+                 decoding: str = "beam", beam_size: int = 16, pair_chunk: int = 128, checkpoint_chunks: bool = False,
+                 head_lr: Optional[float] = None):
+        super().__init__()
+        if decoding not in POINTER_DECODERS and decoding not in PAIRWISE_DECODERS:
+            raise ValueError(f"model.decoding must be one of {list(POINTER_DECODERS) + sorted(PAIRWISE_DECODERS)}, "
+                             f"got {decoding!r}")
+        self.save_hyperparameters({"encoder": as_container(encoder), "decoder": as_container(decoder or {}),
+                                   "optimizer": as_container(optimizer), "scheduler": as_container(scheduler),
+                                   "decoding": decoding, "beam_size": beam_size, "pair_chunk": pair_chunk,
+                                   "checkpoint_chunks": checkpoint_chunks, "head_lr": head_lr})
+        # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
+        self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
+        self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
+        self.decoding = decoding
+        self.beam_size = int(beam_size)
+        self.pair_chunk = int(pair_chunk)
+        self.checkpoint_chunks = bool(checkpoint_chunks)
+        self._init_eval()
+
+    def param_groups(self) -> list[dict]:
+        enc = [p for p in self.encoder.parameters() if p.requires_grad]
+        dec = [p for p in self.decoder.parameters() if p.requires_grad]
+        head = {"params": dec}
+        if self.hparams.head_lr is not None:
+            head["lr"] = float(self.hparams.head_lr)
+        return [{"params": enc}, head]
+
+    # ------------------------------------------------------------------ pair encoding
+    def _encode_chunk(self, input_ids, attention_mask, visual_feats, visual_mask, patch_mask):
+        fusion: dict[str, torch.Tensor] = {}
+        if input_ids is not None:
+            fusion.update(pack_steps(input_ids, attention_mask, None, self.encoder.cls_token_id, self.encoder.pad_token_id))
+        if visual_feats is not None:
+            fusion["visual_feats"], fusion["visual_mask"] = visual_feats, visual_mask
+            if patch_mask is not None:
+                fusion["patch_mask"] = patch_mask
+        out = self.encoder(fusion)
+        states, segments = [], []
+        if out.text_states is not None:
+            states.append(out.text_states)
+            segments.append(fusion["text_step"])
+        if out.patch_states is not None:
+            N, S, P, _ = out.patch_states.shape
+            real = visual_mask[:, :, None].expand(N, S, P)
+            if patch_mask is not None:
+                real = real & patch_mask
+            seg = torch.arange(S, device=real.device)[None, :, None].expand(N, S, P)
+            states.append(out.patch_states.flatten(1, 2))
+            segments.append(torch.where(real, seg, torch.full_like(seg, -1)).flatten(1, 2))
+        first, second = self.decoder.pool_pair_segments(torch.cat(states, 1), torch.cat(segments, 1))
+        return first, second, out.cls
+
+    def encode(self, batch: dict) -> BersonState:
+        """Encode every ordered pair of every instance and build the decoder state."""
+        step_mask = batch["step_mask"]
+        index = pair_index(step_mask)
+        b, i, j = index
+        feats = vmask = pmask = None
+        if self.encoder.uses_images:
+            pixels = batch["pixel_values"]
+            B, S = pixels.shape[:2]
+            boxes, box_mask = batch.get("boxes"), batch.get("box_mask")
+            f, pm = self.encoder.visual_features(pixels.flatten(0, 1), None if boxes is None else boxes.flatten(0, 1),
+                                                 None if box_mask is None else box_mask.flatten(0, 1))
+            feats = f.view(B, S, *f.shape[1:])            # once per step image, gathered per pair below
+            pmask = None if pm is None else pm.view(B, S, -1)
+            vmask = batch["image_mask"] & step_mask
+        parts = []
+        for start in range(0, len(b), self.pair_chunk):
+            sl = slice(start, start + self.pair_chunk)
+            cb, ci, cj = b[sl], i[sl], j[sl]
+            args = [None] * 5
+            if self.encoder.uses_text:
+                ids, am = batch["input_ids"], batch["attention_mask"]
+                args[0] = torch.stack([ids[cb, ci], ids[cb, cj]], 1)
+                args[1] = torch.stack([am[cb, ci], am[cb, cj]], 1)
+            if feats is not None:
+                args[2] = torch.stack([feats[cb, ci], feats[cb, cj]], 1)
+                args[3] = torch.stack([vmask[cb, ci], vmask[cb, cj]], 1)
+                if pmask is not None:
+                    args[4] = torch.stack([pmask[cb, ci], pmask[cb, cj]], 1)
+            if self.training and self.checkpoint_chunks:
+                parts.append(checkpoint(self._encode_chunk, *args, use_reentrant=False))
+            else:
+                parts.append(self._encode_chunk(*args))
+        first, second, cls = (torch.cat(p, 0) for p in zip(*parts))
+        return self.decoder.encode(first, second, cls, index, step_mask)
+
+    # ------------------------------------------------------------------ steps
+    def _losses(self, batch: dict) -> tuple[dict[str, torch.Tensor], BersonState]:
+        state = self.encode(batch)
+        targets, _ = pairwise_targets(batch["gold"], batch["step_mask"])
+        return self.decoder.loss(state, batch["gold"], targets), state
+
+    def decode(self, state: BersonState) -> list[list[int]]:
+        if self.decoding == "beam":
+            return self.decoder.beam_search(state, self.beam_size)
+        if self.decoding == "greedy":
+            return self.decoder.greedy(state)
+        return PAIRWISE_DECODERS[self.decoding](state.pair_logits.detach().float(), state.step_mask)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        losses, _ = self._losses(batch)
+        n = len(batch["meta"])
+        self.log("train/loss", losses["loss"], prog_bar=True, batch_size=n)
+        self.log_dict({f"train/{k}": v for k, v in losses.items() if k != "loss"}, batch_size=n)
+        return losses["loss"]
+
+    def _eval_step(self, stage: str, batch: dict) -> None:
+        losses, state = self._losses(batch)
+        n = len(batch["meta"])
+        self.log_dict({f"{stage}/{k}": v for k, v in losses.items()}, batch_size=n, sync_dist=True)
+        self._record_orders(stage, batch, self.decode(state))
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def predict_step(self, batch: dict, batch_idx: int) -> list[list[int]]:
+        orders = self.decode(self.encode(batch))
+        return [[meta["step_index"][p] for p in order] for meta, order in zip(batch["meta"], orders)]

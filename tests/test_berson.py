@@ -1,0 +1,166 @@
+"""BERSON and the other order decoders: pair construction, pointer validity, decoder agreement."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from decoders import PAIRWISE_DECODERS
+from decoders.berson import BersonDecoder, pair_index
+from decoders.exact import MAX_EXACT_STEPS, exact_order, exact_order_single
+from seqaware.modules.sequencing import pairwise_targets
+
+H = 32
+
+
+def _random_state(decoder: BersonDecoder, step_mask: torch.Tensor, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    b, i, j = pair_index(step_mask)
+    vecs = [torch.randn(len(b), H, generator=g) for _ in range(3)]
+    return decoder.encode(*vecs, (b, i, j), step_mask), vecs, (b, i, j)
+
+
+def _is_permutation(order: list[int], n: int) -> bool:
+    return sorted(order) == list(range(n))
+
+
+@pytest.fixture
+def decoder() -> BersonDecoder:
+    torch.manual_seed(0)
+    return BersonDecoder(H, paragraph_heads=4, dropout=0.0).eval()
+
+
+MASK = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5]).bool()
+
+
+def test_pairs_are_all_ordered_pairs_with_precedence_labels():
+    b, i, j = pair_index(MASK)
+    for inst, n in enumerate([7, 4, 2]):
+        got = sorted(zip(i[b == inst].tolist(), j[b == inst].tolist()))
+        assert got == sorted(itertools.permutations(range(n), 2))  # n(n-1) ordered pairs, no self pairs
+    gold = torch.tensor([[3, 0, 6, 1, 5, 2, 4], [2, 0, 3, 1, -1, -1, -1], [1, 0, -1, -1, -1, -1, -1]])
+    targets, mask = pairwise_targets(gold, MASK)
+    for inst in range(3):
+        order = [g for g in gold[inst].tolist() if g >= 0]
+        place = {step: k for k, step in enumerate(order)}
+        for a, c in itertools.permutations(order, 2):
+            assert targets[inst, a, c] == float(place[a] < place[c])
+            assert mask[inst, a, c]
+    assert int(mask.sum()) == 7 * 6 + 4 * 3 + 2 * 1
+
+
+def test_pointer_decoders_return_permutations_and_width_one_beam_is_greedy(decoder):
+    for seed in range(5):
+        state, _, _ = _random_state(decoder, MASK, seed)
+        greedy = decoder.greedy(state)
+        assert [len(o) for o in greedy] == [7, 4, 2]
+        assert all(_is_permutation(o, n) for o, n in zip(greedy, [7, 4, 2]))  # never repeats a step
+        assert decoder.beam_search(state, width=1) == greedy
+        beam = decoder.beam_search(state, width=16)
+        assert all(_is_permutation(o, n) for o, n in zip(beam, [7, 4, 2]))
+
+
+def _sequence_log_prob(decoder, state, b, order):
+    gold = torch.full((1, state.step_mask.shape[1]), -1)
+    gold[0, : len(order)] = torch.tensor(order)
+    sub = type(state)(*(t[b: b + 1] for t in (state.context, state.paragraph, state.relations,
+                                                state.pair_logits, state.step_mask)))
+    logp = decoder.pointer_log_probs(sub, gold)[0]
+    return float(sum(logp[t, order[t]] for t in range(len(order))))
+
+
+def test_beam_search_finds_the_most_probable_order_of_small_instances(decoder):
+    mask = torch.tensor([[1] * 5, [1] * 4 + [0]]).bool()
+    state, _, _ = _random_state(decoder, mask, seed=3)
+    beam = decoder.beam_search(state, width=120)  # 5! = 120: exhaustive
+    for b, n in enumerate([5, 4]):
+        scores = {perm: _sequence_log_prob(decoder, state, b, list(perm)) for perm in itertools.permutations(range(n))}
+        best = max(scores, key=scores.get)
+        assert beam[b] == list(best)
+        assert scores[tuple(beam[b])] >= scores[tuple(decoder.greedy(state)[b])] - 1e-6
+
+
+def test_exact_decoder_matches_brute_force():
+    rng = np.random.default_rng(0)
+    for n in range(1, 8):
+        for _ in range(3):
+            lp = np.log(rng.uniform(0.01, 0.99, size=(n, n)))
+            brute = max(itertools.permutations(range(n)),
+                        key=lambda o: sum(lp[o[a], o[c]] for a in range(n) for c in range(a + 1, n)))
+            assert exact_order_single(lp) == list(brute)
+    with pytest.raises(ValueError, match="at most"):
+        exact_order_single(np.zeros((MAX_EXACT_STEPS + 1, MAX_EXACT_STEPS + 1)))
+
+
+@pytest.mark.parametrize("name", sorted(PAIRWISE_DECODERS))
+def test_pairwise_decoders_recover_a_consistent_order(name):
+    # logits from a known order: every decoder must return it exactly
+    n = 6
+    true = [4, 1, 5, 0, 3, 2]
+    place = {s: k for k, s in enumerate(true)}
+    logits = torch.tensor([[3.0 * np.sign(place[j] - place[i]) for j in range(n)] for i in range(n)])[None]
+    mask = torch.ones(1, n, dtype=torch.bool)
+    assert PAIRWISE_DECODERS[name](logits, mask) == [true]
+    noisy = logits + torch.randn(3, n, n)
+    padded = torch.ones(3, n, dtype=torch.bool)
+    padded[1, 4:] = False
+    for order, k in zip(PAIRWISE_DECODERS[name](noisy, padded), [6, 4, 6]):
+        assert _is_permutation(order, k)
+
+
+def test_topological_sort_breaks_cycles_deterministically():
+    # a 3-cycle 0 -> 1 -> 2 -> 0 with different confidences
+    logits = torch.zeros(1, 3, 3)
+    for a, c, v in [(0, 1, 4.0), (1, 2, 1.0), (2, 0, 2.0)]:
+        logits[0, a, c], logits[0, c, a] = v, -v
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    first = PAIRWISE_DECODERS["topological"](logits, mask)
+    assert first == PAIRWISE_DECODERS["topological"](logits.clone(), mask)
+    # the weakest incoming edges belong to step 2 (only 1 -> 2 at P = sigmoid(1)): the cycle opens there
+    assert first == [[2, 0, 1]]
+
+
+def test_exact_decoder_on_pairwise_logits_beats_or_ties_others():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 6, 6)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    from decoders.pairwise import pair_log_probs
+
+    lp = pair_log_probs(logits, mask)
+    score = lambda b, o: float(sum(lp[b, o[a], o[c]] for a in range(6) for c in range(a + 1, 6)))
+    exact = exact_order(logits, mask)
+    for name in ("borda", "greedy", "topological"):
+        for b, order in enumerate(PAIRWISE_DECODERS[name](logits, mask)):
+            assert score(b, exact[b]) >= score(b, order) - 1e-6
+
+
+def test_berson_loss_goes_down_and_recovers_the_gold_order(decoder):
+    decoder.train()
+    gold = torch.tensor([[3, 0, 6, 1, 5, 2, 4], [2, 0, 3, 1, -1, -1, -1], [1, 0, -1, -1, -1, -1, -1]])
+    targets, _ = pairwise_targets(gold, MASK)
+    _, vecs, index = _random_state(decoder, MASK)
+    vecs = [v.requires_grad_() for v in vecs]
+    opt = torch.optim.Adam(list(decoder.parameters()) + vecs, lr=1e-2)
+    losses = []
+    for _ in range(60):
+        out = decoder.loss(decoder.encode(*vecs, index, MASK), gold, targets)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(float(out["loss"]))
+    assert losses[-1] < 0.2 * losses[0]
+    decoder.eval()
+    state = decoder.encode(*vecs, index, MASK)
+    expected = [[g for g in row if g >= 0] for row in gold.tolist()]
+    assert decoder.greedy(state) == expected
+    assert decoder.beam_search(state, 4) == expected
+
+
+def test_twenty_step_procedure_decodes(decoder):
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    state, _, (b, _, _) = _random_state(decoder, mask)
+    assert len(b) == 2 * 380
+    for order in decoder.beam_search(state, 16) + decoder.greedy(state):
+        assert _is_permutation(order, 20)
