@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Evaluate a Hugging Face image-text-to-text model on TEO (+ ISO, COHERENCE) by prompting.
+
+    python scripts/eval_teo.py --model OpenGVLab/InternVL3_5-8B-HF --procedures data/mateo/test.jsonl
+    python scripts/eval_teo.py --model /models/qwen2.5-vl-7b --synthetic --strategies baseline,cot --modalities image
+    python scripts/eval_teo.py --model /models/x --procedures p.jsonl --tasks teo,iso,coherence --set iso.ks=[2,3]
+
+Defaults come from ``configs/eval/teo.yaml`` (``--config`` another file; ``--set key=value`` any
+dotted key). TEO pairs are built with ``data_modules.tasks.teo.teo_eval_sets`` from the procedures
+of ``--split`` and evaluated on the original and swapped sets; ISO / COHERENCE instances with
+``data_modules.tasks.{iso,coherence}``. For each (task, strategy, modality) the script writes
+``<out_dir>/<model slug>/<task>_<strategy>_<modality>.{md,json,png}`` (baselines as rows) and
+prints the table. Raw replies are cached in ``<out_dir>/<model slug>/raw_outputs.jsonl``:
+rerunning the same command only generates what is missing (an interrupted run resumes).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from data_modules.tasks.coherence import coherence_instances  # noqa: E402
+from data_modules.tasks.iso import iso_instances  # noqa: E402
+from data_modules.tasks.teo import teo_eval_sets  # noqa: E402
+from seqaware.procedure import Procedure, read_procedures  # noqa: E402
+from seqaware.teo.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES  # noqa: E402
+from seqaware.teo.runner import (  # noqa: E402
+    OutputCache, evaluate_coherence, evaluate_iso, evaluate_teo, load_hf_generator, slug, write_result,
+)
+
+log = logging.getLogger("eval_teo")
+DEFAULT_CONFIG = ROOT / "configs" / "eval" / "teo.yaml"
+TASKS = ("teo", "iso", "coherence")
+
+
+def _names(value: Any, valid: Sequence[str], what: str) -> list[str]:
+    """A comma-separated string or list -> validated names; ``all`` means every valid name."""
+    names = [v.strip() for v in value.split(",")] if isinstance(value, str) else [str(v) for v in value]
+    if names == ["all"]:
+        return list(valid)
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        raise SystemExit(f"unknown {what} {unknown or names}; valid: {', '.join(valid)} (or all)")
+    return names
+
+
+def parse_config(argv: Sequence[str] | None = None) -> Any:
+    """The YAML defaults merged with command-line flags and ``--set`` overrides (an OmegaConf dict)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="YAML with the defaults")
+    parser.add_argument("--model", help="Hugging Face name or local folder")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--procedures", help="prepared procedures JSONL (with DAGs for TEO)")
+    source.add_argument("--synthetic", action="store_true", default=None, help="use the embedded synthetic world")
+    parser.add_argument("--split", help="evaluate procedures of this split only ('all' = every split)")
+    parser.add_argument("--tasks", help="comma-separated: teo,iso,coherence")
+    parser.add_argument("--strategies", help="TEO strategies, comma-separated or all")
+    parser.add_argument("--modalities", help="TEO modalities, comma-separated or all")
+    parser.add_argument("--iso-strategies", dest="iso_strategies", help="answer_only,explain")
+    parser.add_argument("--batch-size", dest="batch_size", type=int)
+    parser.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    parser.add_argument("--limit", type=int, help="at most this many procedures")
+    parser.add_argument("--out-dir", dest="out_dir")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key (repeatable), e.g. --set iso.max_candidates=2")
+    args = parser.parse_args(argv)
+    if not args.config.is_file():
+        raise SystemExit(f"--config: no such file: {args.config}")
+    cfg = OmegaConf.load(args.config)
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "overrides") and v is not None}
+    if flags.get("procedures"):
+        flags["synthetic"] = False
+    if flags.get("split") == "all":
+        flags["split"] = None
+    cfg = OmegaConf.merge(cfg, OmegaConf.create(flags), OmegaConf.from_dotlist(args.overrides))
+    cfg.tasks = _names(cfg.tasks, TASKS, "tasks")
+    cfg.strategies = _names(cfg.strategies, STRATEGIES, "strategies")
+    cfg.modalities = _names(cfg.modalities, MODALITIES, "modalities")
+    cfg.iso_strategies = _names(cfg.iso_strategies, ISO_STRATEGIES, "ISO strategies")
+    return cfg
+
+
+def load_procedures(cfg: Any) -> tuple[list[Procedure], Path]:
+    """The procedures to evaluate (``cfg.split`` only, at most ``cfg.limit``) and their image root."""
+    if cfg.synthetic:
+        from data_modules.synthetic import SyntheticConfig, ensure_synthetic
+
+        folder = ensure_synthetic(SyntheticConfig(**OmegaConf.to_container(cfg.synthetic_config)),
+                                  cfg.synthetic_cache_dir, progress=False)
+        files = [Path(folder) / f"{s}.jsonl" for s in ("train", "val", "test")]
+    elif cfg.procedures:
+        files = [Path(cfg.procedures)]
+        if not files[0].is_file():
+            raise SystemExit(f"--procedures: no such file: {files[0]}")
+    else:
+        raise SystemExit("no data: give --procedures PATH or --synthetic")
+    procedures = [p for f in files for p in read_procedures(f)]
+    if cfg.split:
+        procedures = [p for p in procedures if p.split == cfg.split]
+    if cfg.limit is not None:
+        procedures = procedures[: int(cfg.limit)]
+    if not procedures:
+        raise SystemExit(f"no procedures of split {cfg.split!r} in {', '.join(map(str, files))}")
+    return procedures, files[0].parent
+
+
+def run(cfg: Any, generate: Callable | None = None, signature: str | None = None) -> list[dict[str, Any]]:
+    """Evaluate every requested (task, strategy, modality); returns the results (also written to disk).
+
+    ``generate`` replaces the Hugging Face model (tests); ``signature`` then names the fake model.
+    """
+    procedures, root = load_procedures(cfg)
+    if generate is None:
+        generator = load_hf_generator(cfg.model, max_new_tokens=cfg.max_new_tokens, dtype=cfg.dtype, device=cfg.device,
+                                      trust_remote_code=cfg.trust_remote_code)
+        generate, signature = generator, generator.signature
+    signature = signature or f"{cfg.model}|max_new_tokens={cfg.max_new_tokens}"
+    out_dir = Path(cfg.out_dir) / slug(cfg.model)
+    cache = OutputCache(out_dir / "raw_outputs.jsonl")
+    common = {"generate": generate, "cache": cache, "model_name": str(cfg.model), "signature": signature,
+              "image_root": root, "batch_size": int(cfg.batch_size), "seed": int(cfg.seed)}
+    results = []
+    if "teo" in cfg.tasks:
+        eval_sets = teo_eval_sets(procedures)
+        if not eval_sets["original"]:
+            raise SystemExit("no TEO pairs: the selected procedures have no dependency DAG")
+        log.info("TEO: %d pairs x 2 presentations", len(eval_sets["original"]))
+        for strategy in cfg.strategies:
+            for modality in cfg.modalities:
+                results.append(evaluate_teo(eval_sets, strategy=strategy, modality=modality, **common))
+    if "iso" in cfg.tasks:
+        iso_cfg = OmegaConf.to_container(cfg.iso)
+        instances = [inst for p in procedures for inst in iso_instances(p, **iso_cfg)]
+        log.info("ISO: %d instances", len(instances))
+        for strategy in cfg.iso_strategies:
+            results.append(evaluate_iso(instances, strategy=strategy, **common))
+    if "coherence" in cfg.tasks:
+        coh_cfg = OmegaConf.to_container(cfg.coherence)
+        coh_cfg["difficulty_bins"] = [tuple(b) for b in coh_cfg["difficulty_bins"]]
+        instances = coherence_instances(procedures, **coh_cfg)
+        log.info("COHERENCE: %d instances", len(instances))
+        results.append(evaluate_coherence(instances, **common))
+    for result in results:
+        paths = write_result(result, out_dir)
+        print(f"\n## {result['task']} | {result['strategy']} | {result['modality']}  ({paths['md']})\n{result['table']}")
+        if result.get("reflection"):
+            print("self-reflection:", result["reflection"])
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    run(parse_config(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""Prompts for Temporal Execution Order (TEO), ISO-Bench and COHERENCE, as chat messages.
+
+The wording lives in YAML files under ``configs/prompts/`` (``teo.yaml``, ``iso.yaml``,
+``coherence.yaml``), never in code: this module only assembles the pieces into the Hugging Face
+multimodal chat format understood by ``processor.apply_chat_template``::
+
+    [{"role": "system", "content": [{"type": "text", "text": "..."}]},
+     {"role": "user", "content": [{"type": "text", "text": "...Step A picture:"},
+                                  {"type": "image", "image": "/path/a.jpg"},   # or a PIL.Image
+                                  {"type": "text", "text": "Step B picture:"}, ...]}]
+
+Adjacent text pieces are merged into one text item, so a text-only prompt is a single text item
+per message and an image prompt has exactly one image item per shown picture.
+
+TEO (MATEO, Roccabruna et al.): 5 strategies (``baseline``, ``instructions``, ``icl``, ``cot``,
+``self_reflection``) x 3 modalities (``image``, ``text``, ``image_text``). Steps are objects or
+dicts with ``text`` and ``image`` (the image may be None for the ``text`` modality).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "configs" / "prompts"
+"""Where the prompt templates live (the repository's ``configs/prompts``)."""
+
+STRATEGIES = ("baseline", "instructions", "icl", "cot", "self_reflection")
+MODALITIES = ("image", "text", "image_text")
+QUESTION_STRATEGIES = ("baseline", "instructions", "icl")
+"""Strategies answered with Yes/No to the three questions Q1-Q3 (the others end with a class)."""
+ISO_STRATEGIES = ("answer_only", "explain")
+
+Message = dict[str, Any]
+
+
+@functools.lru_cache(maxsize=None)
+def load_templates(name: str, prompts_dir: str | None = None) -> dict[str, Any]:
+    """The parsed YAML ``<prompts_dir>/<name>.yaml`` (default folder: :data:`PROMPTS_DIR`).
+
+    Cached: the files are read once per process. Raises FileNotFoundError naming the path.
+    """
+    path = Path(prompts_dir) if prompts_dir else PROMPTS_DIR
+    path = path / f"{name}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt templates not found: {path}")
+    with open(path, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _check_choice(kind: str, plural: str, value: str, valid: Sequence[str]) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {kind} {value!r}; valid {plural}: {', '.join(valid)}")
+
+
+def _field(step: Any, name: str) -> Any:
+    """``step[name]`` for a mapping, ``step.name`` for an object, None when absent."""
+    if isinstance(step, Mapping):
+        return step.get(name)
+    return getattr(step, name, None)
+
+
+def step_text(step: Any, which: str) -> str:
+    """The step's non-empty text; ValueError naming the step otherwise."""
+    text = _field(step, "text")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"Step {which} has no text, but the prompt modality shows step descriptions")
+    return text.strip()
+
+
+def step_image(step: Any, which: str) -> Any:
+    """The step's image (path string or PIL image); ValueError naming the step when missing.
+
+    A step may also carry ``images`` (a list, as in TEO pairs); its first entry is used.
+    """
+    image = _field(step, "image")
+    if image is None:
+        images = _field(step, "images")
+        if images:
+            image = images[0]
+    if image is None or (isinstance(image, str) and not image):
+        raise ValueError(f"Step {which} has no image, but the prompt modality shows step pictures")
+    if isinstance(image, Path):
+        image = str(image)
+    return image
+
+
+def _merge(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge adjacent text items (joined by a newline) and drop empty texts."""
+    out: list[dict[str, Any]] = []
+    for item in content:
+        if item["type"] == "text":
+            if not item["text"]:
+                continue
+            if out and out[-1]["type"] == "text":
+                out[-1] = {"type": "text", "text": out[-1]["text"] + "\n" + item["text"]}
+                continue
+        out.append(item)
+    return out
+
+
+def _messages(system: str | None, content: list[dict[str, Any]]) -> list[Message]:
+    messages: list[Message] = []
+    if system:
+        messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+    messages.append({"role": "user", "content": _merge(content)})
+    return messages
+
+
+def _icl_examples(t: Mapping[str, Any]) -> str:
+    return "\n\n".join(
+        t["icl_example"].format(index=i + 1, step_a=ex["step_a"], step_b=ex["step_b"], questions=t["questions"],
+                                answer=t["question_answers"][ex["answer"]])
+        for i, ex in enumerate(t["icl_examples"])
+    )
+
+
+def build_teo_prompt(strategy: str, modality: str, step_a: Any, step_b: Any, prompts_dir: str | None = None) -> list[Message]:
+    """Chat messages asking how Step A must be executed relative to Step B.
+
+    ``strategy`` in :data:`STRATEGIES`, ``modality`` in :data:`MODALITIES`. The user message shows
+    ``Step A picture:`` + image and/or ``Step A description: <text>``, the same for B, the three
+    questions (Q1 before, Q2 after, Q3 parallel/independent) and the strategy's instructions.
+    Raises ValueError for an unknown strategy/modality (listing the valid names) and for a step
+    without the image (image modalities) or text (text modalities) the prompt needs.
+    """
+    _check_choice("strategy", "strategies", strategy, STRATEGIES)
+    _check_choice("modality", "modalities", modality, MODALITIES)
+    t = load_templates("teo", prompts_dir)
+    spec = t["strategies"][strategy]
+    fields = {"questions": t["questions"], "definitions": t["definitions"]}
+    if "{examples}" in spec["before_steps"] + spec["after_steps"]:
+        fields["examples"] = _icl_examples(t)
+
+    show_image = modality in ("image", "image_text")
+    show_text = modality in ("text", "image_text")
+    intro = [t["intro"][modality]]
+    if show_text:
+        intro.append(t["sequencing_rule"])
+    if modality == "image_text":
+        intro.append(t["image_text_note"])
+    content: list[dict[str, Any]] = [{"type": "text", "text": "\n".join(intro)},
+                                     {"type": "text", "text": spec["before_steps"].format(**fields).strip()}]
+    for name, step in (("A", step_a), ("B", step_b)):
+        if show_image:
+            image = step_image(step, name)
+            content.append({"type": "text", "text": t["markers"]["picture"].format(name=name)})
+            content.append({"type": "image", "image": image})
+        if show_text:
+            content.append({"type": "text", "text": t["markers"]["description"].format(name=name, text=step_text(step, name))})
+    content.append({"type": "text", "text": spec["after_steps"].format(**fields).strip()})
+    return _messages(t.get("system"), content)
+
+
+def build_iso_prompt(strategy: str, instance: Mapping[str, Any], image: Any = None, prompts_dir: str | None = None) -> list[Message]:
+    """Chat messages for one ISO-Bench instance (see ``data_modules.tasks.iso``).
+
+    ``strategy``: ``answer_only`` (reply Yes or No) or ``explain`` (explain, then a final
+    ``Answer: Yes|No`` line). ``image`` overrides ``instance["image"]`` (e.g. a resolved path).
+    """
+    _check_choice("ISO strategy", "ISO strategies", strategy, ISO_STRATEGIES)
+    t = load_templates("iso", prompts_dir)
+    snippet = "\n".join(t["snippet_line"].format(index=i + 1, text=s) for i, s in enumerate(instance["snippet"]))
+    picture = image if image is not None else instance.get("image")
+    if not picture:
+        raise ValueError(f"ISO instance {instance.get('instance_id')!r} has no image")
+    content = [
+        {"type": "text", "text": t["intro"]},
+        {"type": "text", "text": t["snippet_header"]},
+        {"type": "text", "text": snippet},
+        {"type": "text", "text": t["image_header"]},
+        {"type": "image", "image": str(picture) if isinstance(picture, Path) else picture},
+        {"type": "text", "text": t["question"][instance["task"]]},
+        {"type": "text", "text": t["strategies"][strategy].strip()},
+    ]
+    return _messages(t.get("system"), content)
+
+
+def build_coherence_prompt(instance: Mapping[str, Any], images: Sequence[Any] | None = None, prompts_dir: str | None = None) -> list[Message]:
+    """Chat messages for one COHERENCE instance (see ``data_modules.tasks.coherence``).
+
+    The candidate images are shown numbered from 1 (``Image 1:`` + image, ...); the model is asked
+    for one line ``<image_i>: Image k`` per placeholder. ``images`` overrides the candidate paths.
+    """
+    t = load_templates("coherence", prompts_dir)
+    candidates = list(images) if images is not None else list(instance["candidates"])
+    if len(candidates) != len(instance["candidates"]):
+        raise ValueError(f"COHERENCE instance {instance.get('instance_id')!r}: {len(candidates)} images for "
+                         f"{len(instance['candidates'])} candidates")
+    n = int(instance["num_images"])
+    content: list[dict[str, Any]] = [{"type": "text", "text": t["intro"]},
+                                     {"type": "text", "text": t["text_header"]},
+                                     {"type": "text", "text": instance["text"]},
+                                     {"type": "text", "text": t["images_header"].format(num_candidates=len(candidates))}]
+    for k, image in enumerate(candidates):
+        content.append({"type": "text", "text": t["image_marker"].format(index=k + 1)})
+        content.append({"type": "image", "image": str(image) if isinstance(image, Path) else image})
+    extra = t["distractor_note"] if len(candidates) > n else ""
+    example = "\n".join(t["answer_line"].format(placeholder=i + 1, index="k") for i in range(n))
+    content.append({"type": "text", "text": t["instructions"].format(num_images=n, num_candidates=len(candidates),
+                                                                     distractor_note=extra, answer_format=example).strip()})
+    return _messages(t.get("system"), content)
+
+
+def _jsonable(value: Any) -> Any:
+    """Messages with images replaced by a stable description (path, or PIL size/mode/bytes digest)."""
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "tobytes") and hasattr(value, "size"):  # PIL image
+        return {"pil": [list(value.size), getattr(value, "mode", ""), hashlib.sha1(value.tobytes()).hexdigest()]}
+    return str(value)
+
+
+def prompt_hash(messages: Sequence[Message]) -> str:
+    """A short stable hash of the messages (text and image references): the cache key of a prompt."""
+    payload = json.dumps(_jsonable(list(messages)), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def prompt_images(messages: Sequence[Message]) -> list[Any]:
+    """The image entries of the messages, in order."""
+    return [item["image"] for m in messages for item in m["content"] if item.get("type") == "image"]
+
+
+def prompt_text(messages: Sequence[Message]) -> str:
+    """All text of the messages joined (images shown as ``<image>``): handy for logs and tests."""
+    parts = []
+    for m in messages:
+        for item in m["content"]:
+            parts.append(item["text"] if item["type"] == "text" else "<image>")
+    return "\n".join(parts)

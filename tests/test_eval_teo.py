@@ -1,0 +1,367 @@
+"""The prompted-VLM evaluation runner: caching/resuming, metrics vs hand computation, the script."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from data_modules.tasks.teo import teo_eval_sets
+from seqaware.procedure import Procedure, Step
+from seqaware.teo.prompts import prompt_images, prompt_text
+from seqaware.teo.runner import OutputCache, evaluate_teo, run_queries, teo_queries, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["Mix the flour and the water.", "Knead the dough.", "Grate the cheese."]
+
+
+def _procedure(tmp_path: Path, images: bool = True) -> Procedure:
+    """3 steps, DAG 0 -> 1; step 2 independent of both (pairs: before 0-1, independent 0-2, 1-2)."""
+    steps = []
+    for i, text in enumerate(TEXTS):
+        paths = []
+        if images:
+            (tmp_path / "images").mkdir(exist_ok=True)
+            Image.new("RGB", (16, 16), (60 * i, 0, 0)).save(tmp_path / "images" / f"p_{i}.png")
+            paths = [f"images/p_{i}.png"]
+        steps.append(Step(text=text, images=paths))
+    return Procedure(id="p", steps=steps, split="test", dag=[(0, 1)], root=str(tmp_path))
+
+
+class ScriptedModel:
+    """A fake generator: replies from the (Step A text, Step B text) shown; records every call."""
+
+    def __init__(self, replies: dict[tuple[str, str], str], fail_after: int | None = None) -> None:
+        self.replies, self.fail_after, self.calls = replies, fail_after, []
+
+    def __call__(self, batch):
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise KeyboardInterrupt("simulated crash")
+        self.calls.append(len(batch))
+        out = []
+        for messages in batch:
+            text = prompt_text(messages)
+            a = next(t for t in TEXTS if f"Step A description: {t}" in text)
+            b = next(t for t in TEXTS if f"Step B description: {t}" in text)
+            out.append(self.replies[(a, b)])
+        return out
+
+
+YES = {"before": "Q1: Yes\nQ2: No\nQ3: No", "after": "Q1: No\nQ2: Yes\nQ3: No", "independent": "Q1: No\nQ2: No\nQ3: Yes"}
+M, K, G = TEXTS
+# original: (0,1) before OK; (0,2) independent OK; (1,2) non-answer. swapped: (1,0) after OK; (2,0) before; (2,1) independent
+HAND_REPLIES = {(M, K): YES["before"], (M, G): YES["independent"], (K, G): "I don't know",
+                (K, M): "**Q1:** No\n**Q2:** Yes\n**Q3:** No", (G, M): YES["before"], (G, K): YES["independent"]}
+
+
+def test_metrics_equal_hand_computation(tmp_path):
+    sets = teo_eval_sets([_procedure(tmp_path, images=False)])
+    assert [(p["a"], p["b"], p["label"]) for p in sets["original"]] == [(0, 1, "before"), (0, 2, "independent"), (1, 2, "independent")]
+    result = evaluate_teo(sets, ScriptedModel(HAND_REPLIES), OutputCache(tmp_path / "raw.jsonl"), "baseline", "text", "fake")
+    row = result["rows"]["fake"]
+    # consistency: only the dependent pair is right in both presentations
+    assert row["consistency_accuracy"] == pytest.approx(1 / 3)
+    assert row["consistency_dependent"] == 1.0 and row["consistency_independent"] == 0.0
+    # before on original: tp 1, predicted 1, support 1; after on swapped: tp 1, predicted 1, support 1
+    assert row["f1_before"] == 1.0 and row["f1_after"] == 1.0
+    # independent over both sets: support 4, predicted 2 (0-2 original, 2-1 swapped), tp 2 -> 2*2/(2+4)
+    assert row["f1_independent"] == pytest.approx(2 / 3)
+    assert row["macro_f1"] == pytest.approx((1 + 1 + 2 / 3) / 3)
+    assert row["other_rate"] == pytest.approx(1 / 6)
+    assert row["accuracy_original"] == pytest.approx(2 / 3) and row["accuracy_swapped"] == pytest.approx(2 / 3)
+    assert list(result["rows"])[:3] == ["always independent", "majority", "random"]
+    assert result["predictions"]["original"] == {"p:0-1": "before", "p:0-2": "independent", "p:1-2": "other"}
+    # the markdown row shows the same numbers as percentages
+    line = next(l for l in result["table"].splitlines() if l.startswith("| fake |"))
+    assert line == "| fake | 33.3 | 100.0 | 0.0 | 100.0 | 100.0 | 66.7 | 88.9 | 16.7 |"
+
+    paths = write_result(result, tmp_path / "out")
+    assert json.loads(paths["json"].read_text())["rows"]["fake"]["f1_independent"] == pytest.approx(2 / 3)
+    assert "| fake |" in paths["md"].read_text()
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_self_reflection_first_and_final(tmp_path):
+    sets = teo_eval_sets([_procedure(tmp_path, images=False)])
+    answer = {"before": "Before", "after": "After", "independent": "Parallel"}
+    gold = {(M, K): "before", (M, G): "independent", (K, G): "independent",
+            (K, M): "after", (G, M): "independent", (G, K): "independent"}
+    first = {**gold, (M, K): "after", (G, M): "before"}            # two wrong first answers
+    final = {**gold, (G, M): "before", (K, G): "after"}             # one corrected, one kept wrong, one broken
+    replies = {k: f"The answer is: {answer[first[k]]}\nReflecting...\nThe final answer: {answer[final[k]]}" for k in gold}
+    result = evaluate_teo(sets, ScriptedModel(replies), OutputCache(tmp_path / "raw.jsonl"), "self_reflection", "text", "fake")
+    assert result["reflection"] == {"kept_correct": 3, "kept_wrong": 1, "corrected": 1, "broken": 1, "changed_wrong": 0}
+    assert result["rows"]["fake"]["accuracy_original"] == pytest.approx(2 / 3)       # final: 0-1 ok, 0-2 ok, 1-2 after
+    assert result["rows"]["fake (first answer)"]["accuracy_original"] == pytest.approx(2 / 3)  # first: 0-1 wrong
+
+
+def test_resume_generates_only_missing_keys(tmp_path):
+    sets = teo_eval_sets([_procedure(tmp_path, images=False)])
+    cache_path = tmp_path / "raw.jsonl"
+    crashing = ScriptedModel(HAND_REPLIES, fail_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_teo(sets, crashing, OutputCache(cache_path), "instructions", "text", "fake", batch_size=2)
+    assert crashing.calls == [2, 2]                         # third batch crashed before answering
+    assert len(cache_path.read_text().splitlines()) == 4    # the two finished batches are on disk
+
+    resumed = ScriptedModel(HAND_REPLIES)
+    first = evaluate_teo(sets, resumed, OutputCache(cache_path), "instructions", "text", "fake", batch_size=2)
+    assert resumed.calls == [2]                             # only the 2 missing prompts
+    again = ScriptedModel(HAND_REPLIES)
+    second = evaluate_teo(sets, again, OutputCache(cache_path), "instructions", "text", "fake", batch_size=2)
+    assert again.calls == [] and second["rows"] == first["rows"]
+    # another strategy or model has other prompt hashes: nothing is reused by mistake
+    other = ScriptedModel(HAND_REPLIES)
+    evaluate_teo(sets, other, OutputCache(cache_path), "baseline", "text", "fake", batch_size=8)
+    evaluate_teo(sets, other, OutputCache(cache_path), "baseline", "text", "fake-2", batch_size=8)
+    assert other.calls == [6, 6]
+    records = [json.loads(l) for l in cache_path.read_text().splitlines()]
+    assert len({(r["item_id"], r["set"], r["prompt_hash"]) for r in records}) == len(records) == 18
+
+
+def test_torn_last_line_is_dropped(tmp_path):
+    cache_path = tmp_path / "raw.jsonl"
+    cache = OutputCache(cache_path)
+    cache.append([{"item_id": "a", "set": "original", "prompt_hash": "h", "output": "Q1: Yes"}])
+    with open(cache_path, "a") as handle:
+        handle.write('{"item_id": "b", "set": "orig')   # a crash in the middle of a write
+    reopened = OutputCache(cache_path)
+    assert len(reopened) == 1 and reopened.get(("a", "original", "h")) == "Q1: Yes"
+    reopened.append([{"item_id": "c", "set": "original", "prompt_hash": "h", "output": "x"}])
+    assert len(OutputCache(cache_path)) == 2
+
+
+def test_malformed_cache_line_names_file_and_line(tmp_path):
+    cache_path = tmp_path / "raw.jsonl"
+    cache_path.write_text('{"item_id": "a", "set": "s", "prompt_hash": "h", "output": "x"}\n{"item_id": "b"}\n')
+    with pytest.raises(ValueError, match=r"raw.jsonl:2: not a raw-output record"):
+        OutputCache(cache_path)
+
+
+def test_generator_must_answer_every_prompt(tmp_path):
+    queries = teo_queries(teo_eval_sets([_procedure(tmp_path, images=False)]), "baseline", "text", "sig")
+    with pytest.raises(RuntimeError, match="2 replies for a batch of 3"):
+        run_queries(queries, lambda batch: ["Q1: Yes"] * 2, OutputCache(tmp_path / "raw.jsonl"), batch_size=3)
+
+
+def test_image_prompts_use_resolved_paths_and_errors_name_the_pair(tmp_path):
+    proc = _procedure(tmp_path)
+    sets = teo_eval_sets([proc])
+    queries = teo_queries(sets, "cot", "image", "sig", image_root=tmp_path)
+    assert prompt_images(queries[0].messages) == [str(tmp_path / "images/p_0.png"), str(tmp_path / "images/p_1.png")]
+    assert all(Path(p).is_file() for q in queries for p in prompt_images(q.messages))
+    # the cache key does not depend on where the data folder lives
+    elsewhere = teo_queries(sets, "cot", "image", "sig", image_root=tmp_path / "other-root")
+    assert [q.key for q in elsewhere] == [q.key for q in queries]
+    assert [q.key for q in teo_queries(sets, "cot", "image", "sig2", image_root=tmp_path)] != [q.key for q in queries]
+    proc.steps[2].images = []
+    with pytest.raises(ValueError, match=r"TEO pair 'p:0-2' \(original set\): Step B has no image"):
+        teo_queries(teo_eval_sets([proc]), "cot", "image", "sig", image_root=tmp_path)
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("eval_teo_script", ROOT / "scripts" / "eval_teo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class AnyAnswer:
+    """Fake model for the script: a parseable answer for whatever it is asked; counts prompts."""
+
+    def __init__(self) -> None:
+        self.prompts = 0
+
+    def __call__(self, batch):
+        self.prompts += len(batch)
+        out = []
+        for messages in batch:
+            text = prompt_text(messages)
+            if "<image_1>" in text:
+                n = text.count(": Image k")        # one answer-format line per placeholder
+                out.append("\n".join(f"<image_{i}>: Image {i}" for i in range(1, n + 1)))
+            elif "The final answer: Parallel" in text:
+                out.append("The answer is: Before\nThe final answer: Parallel")
+            elif "Answer: Yes" in text or "Yes or No only" in text:
+                out.append("Answer: Yes")
+            else:
+                out.append(YES["independent"])
+        return out
+
+
+def test_script_end_to_end_with_fake_model(tmp_path, tiny_synthetic_dir):
+    script = _load_script()
+    argv = ["--model", "fake/model", "--procedures", str(tiny_synthetic_dir / "test.jsonl"), "--tasks", "teo,iso,coherence",
+            "--strategies", "baseline,self_reflection", "--modalities", "image,text", "--out-dir", str(tmp_path / "out"),
+            "--batch-size", "4", "--set", "iso.ks=[2]"]
+    cfg = script.parse_config(argv)
+    model = AnyAnswer()
+    results = script.run(cfg, generate=model, signature="fake")
+    assert [(r["task"], r["strategy"], r["modality"]) for r in results] == [
+        ("teo", "baseline", "image"), ("teo", "baseline", "text"), ("teo", "self_reflection", "image"),
+        ("teo", "self_reflection", "text"), ("iso", "answer_only", "image_text"), ("iso", "explain", "image_text"),
+        ("coherence", "assign", "image_text")]
+    out = tmp_path / "out" / "fake__model"
+    for r in results:
+        stem = f"{r['task']}_{r['strategy']}_{r['modality']}"
+        assert all((out / f"{stem}.{ext}").is_file() for ext in ("md", "json", "png"))
+    teo = results[0]["rows"]["fake/model"]
+    always_indep = results[0]["rows"]["always independent"]
+    assert teo == always_indep                             # the fake always answers independent
+    assert results[4]["rows"]["fake/model"]["recall_DEP"] == 1.0 and results[4]["rows"]["fake/model"]["invalid_rate"] == 0
+    assert results[2]["reflection"]["kept_correct"] == 0
+    coherence = results[6]["rows"]
+    assert coherence["fake/model"] == coherence["identity"]   # it answers placeholder i -> candidate i
+    first_count = model.prompts
+    assert first_count > 0
+    again = AnyAnswer()
+    script.run(script.parse_config(argv), generate=again, signature="fake")
+    assert again.prompts == 0                              # everything came from the cache
+
+
+def test_script_rejects_unknown_names():
+    script = _load_script()
+    with pytest.raises(SystemExit, match="unknown strategies"):
+        script.parse_config(["--strategies", "baseline,zero_shot", "--synthetic"])
+
+
+def test_hf_generator_with_tiny_internvl(tmp_path):
+    """The real Hugging Face path (chat template, left padding, greedy generate) on H3's tiny InternVL."""
+    vlm_path = ROOT / "seqaware" / "teo" / "vlm.py"
+    if not vlm_path.is_file():
+        pytest.skip("seqaware/teo/vlm.py (tiny InternVL) is not available")
+    from seqaware.teo import vlm
+
+    if not hasattr(vlm, "build_tiny_internvl"):
+        pytest.skip("seqaware.teo.vlm has no build_tiny_internvl()")
+    from seqaware.teo.runner import HFGenerator
+
+    built = vlm.build_tiny_internvl()
+    model, processor = (built.model, built.processor) if hasattr(built, "processor") else built
+    generator = HFGenerator(model, processor, max_new_tokens=3)
+    sets = teo_eval_sets([_procedure(tmp_path)])
+    queries = teo_queries(sets, "baseline", "image_text", generator.signature, image_root=tmp_path)
+    outputs = generator([q.messages for q in queries[:3]])
+    assert len(outputs) == 3 and all(isinstance(o, str) for o in outputs)
+    # greedy decoding with left padding: a prompt's reply does not depend on its batch mates
+    assert generator([queries[1].messages]) == [outputs[1]]
+
+
+def test_script_with_saved_tiny_model(tmp_path, tiny_synthetic_dir):
+    """``--model <folder>``: AutoModelForImageTextToText + AutoProcessor through from_pretrained, end to end."""
+    if not (ROOT / "seqaware" / "teo" / "vlm.py").is_file():
+        pytest.skip("seqaware/teo/vlm.py (tiny InternVL) is not available")
+    from seqaware.teo import vlm
+
+    if not hasattr(vlm, "build_tiny_internvl"):
+        pytest.skip("seqaware.teo.vlm has no build_tiny_internvl()")
+    model, processor = vlm.build_tiny_internvl()
+    folder = tmp_path / "tiny-vlm"
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    script = _load_script()
+    argv = ["--model", str(folder), "--procedures", str(tiny_synthetic_dir / "test.jsonl"), "--limit", "1",
+            "--strategies", "baseline", "--modalities", "image_text", "--max-new-tokens", "3", "--batch-size", "4",
+            "--out-dir", str(tmp_path / "out"), "--set", "dtype=float32", "--set", "device=cpu"]
+    (result,) = script.run(script.parse_config(argv))
+    row = result["rows"][str(folder)]
+    assert row["num_pairs"] == result["num_pairs"] > 0
+    assert 0.0 <= row["other_rate"] <= 1.0       # an untrained model mostly gives non-answers
+    cached = OutputCache(tmp_path / "out" / script.slug(str(folder)) / "raw_outputs.jsonl")
+    assert len(cached) == 2 * result["num_pairs"]
+
+
+def test_unavailable_model_fails_fast(monkeypatch):
+    import time
+
+    from seqaware.pretrained import PretrainedUnavailableError
+    from seqaware.teo.runner import load_hf_generator
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(PretrainedUnavailableError, match="no-such-org/no-such-vlm"):
+        load_hf_generator("no-such-org/no-such-vlm", device="cpu")
+    assert time.perf_counter() - start < 30
+
+
+def _load_paper_tables():
+    spec = importlib.util.spec_from_file_location("paper_tables_script", ROOT / "scripts" / "paper_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paper_tables_layout(tmp_path):
+    tables = _load_paper_tables()
+    sets = teo_eval_sets([_procedure(tmp_path)])
+    cache = OutputCache(tmp_path / "raw.jsonl")
+    files = []
+    for strategy in ("instructions", "baseline"):
+        result = evaluate_teo(sets, ScriptedModel(HAND_REPLIES), cache, strategy, "image_text", "fake", image_root=tmp_path)
+        files.append(write_result(result, tmp_path / "res")["json"])
+    published = tmp_path / "published.yaml"
+    published.write_text(
+        "mateo:\n  citation: 'MATEO paper'\n  tables:\n    - name: Table 3\n      rows:\n"
+        "        - {model: BigVLM, strategy: baseline, modality: text, consistency_accuracy: 0.5}\n"
+        "wu2022:\n  citation: 'Wu paper'\n  tables:\n    - name: Table 2\n      rows:\n"
+        "        - {model: CLIP-ViL, dataset: recipeqa, modality: multimodal, pmr: 0.25, tau: n/a}\n")
+    metrics_json = tmp_path / "m.json"
+    metrics_json.write_text(json.dumps({"test/pmr": 0.125, "test/tau": 0.5, "test/acc": 0.3}))
+    log = tmp_path / "train.log"
+    log.write_text("epoch 1\nTEST_METRICS_JSON {\"test/pmr\": 0.0, \"test/tau\": 0.1}\n"
+                   "TEST_METRICS_JSON {\"test/pmr\": 0.5, \"test/tau\": -0.25}\n")
+    out = tmp_path / "tables.md"
+    text = tables.main(["--teo", *map(str, files), "--published", str(published), "--out", str(out),
+                        "--sequencing", f"ours-mm@recipeqa/multimodal={metrics_json}",
+                        "--sequencing", f"ours-text@wikihow/text={log}"])
+    lines = text.splitlines()
+    # baselines once, then our strategies in STRATEGIES order, then the published row
+    teo_rows = [l for l in lines if l.startswith("| ") and ("| ours |" in l or "MATEO Table 3 |" in l)]
+    assert [l.split(" | ")[0] + " | " + l.split(" | ")[2] for l in teo_rows[:6]] == [
+        "| always independent | -", "| majority | -", "| random | -", "| fake | baseline", "| fake | instructions",
+        "| BigVLM | baseline"]
+    assert "| fake | ours | baseline | n/a | n/a | 33.3 |" in lines     # consistency accuracy 1/3 (hand test above)
+    assert "| BigVLM | MATEO Table 3 | baseline | n/a | 50.0 | n/a |" in lines
+    assert "| ours-text | text | ours | n/a | n/a | 50.00 | -0.2500 |" in lines      # last TEST_METRICS_JSON line
+    assert "| ours-mm | multimodal | ours | 12.50 | 0.5000 | n/a | n/a |" in lines
+    assert "| CLIP-ViL | multimodal | Wu et al. 2022 Table 2 | 25.00 | n/a | n/a | n/a |" in lines
+    assert text.index("| ours-text |") < text.index("| ours-mm |") < text.index("| CLIP-ViL |")
+    assert "- MATEO paper" in text and "- Wu paper" in text
+    assert out.read_text() == text and json.loads(out.with_suffix(".json").read_text())["teo"]["metric"] == "consistency_accuracy"
+
+
+def test_paper_tables_default_published_file_has_no_invented_numbers():
+    tables = _load_paper_tables()
+    data = tables.load_published(tables.DEFAULT_PUBLISHED)
+    for paper in ("mateo", "wu2022"):
+        assert data[paper]["citation"]
+        for table in data[paper]["tables"]:
+            for row in table["rows"]:
+                assert all(v == "n/a" or isinstance(v, (str, int, float)) for v in row.values())
+
+
+def test_paper_tables_errors(tmp_path):
+    tables = _load_paper_tables()
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"task": "iso", "rows": {}}))
+    with pytest.raises(SystemExit, match="not a TEO result"):
+        tables.main(["--teo", str(bad)])
+    with pytest.raises(SystemExit, match="NAME@DATASET/MODALITY=PATH"):
+        tables.main(["--sequencing", "no-at-sign=foo.json"])
+    log = tmp_path / "empty.log"
+    log.write_text("nothing here\n")
+    with pytest.raises(SystemExit, match="TEST_METRICS_JSON"):
+        tables.main(["--sequencing", f"m@recipeqa/text={log}"])
+
+
+def test_script_synthetic_source(tmp_path):
+    script = _load_script()
+    argv = ["--model", "fake", "--synthetic", "--tasks", "teo", "--strategies", "cot", "--modalities", "text",
+            "--out-dir", str(tmp_path / "out"), "--set", f"synthetic_cache_dir={tmp_path / 'synth'}",
+            "--set", "synthetic_config.num_test=4", "--set", "synthetic_config.image_size=64"]
+    model = AnyAnswer()
+    (result,) = script.run(script.parse_config(argv), generate=model, signature="fake")
+    assert result["num_pairs"] > 0 and model.prompts == 2 * result["num_pairs"]
+    assert result["rows"]["fake"]["other_rate"] == 1.0     # "Q1: No ..." is not a CoT answer

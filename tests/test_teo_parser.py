@@ -1,0 +1,164 @@
+"""Answer parsers: TEO (question and final-answer strategies), ISO yes/no, COHERENCE assignments."""
+from __future__ import annotations
+
+import pytest
+
+from seqaware.metrics.coherence import coherence_report
+from seqaware.teo import parse_coherence_answer, parse_iso_answer, parse_teo_answer, parse_teo_answers, reflection_outcome
+
+QUESTION_CASES = [
+    ("Q1: Yes\nQ2: No\nQ3: No", "before"),
+    ("Q1: No\nQ2: Yes\nQ3: No", "after"),
+    ("Q1: No\nQ2: No\nQ3: Yes", "independent"),
+    ("q1: yes\nq2: no\nq3: no", "before"),
+    ("Q1: YES\nQ2: NO\nQ3: NO", "before"),
+    ("**Q1:** Yes\n**Q2:** No\n**Q3:** No", "before"),
+    ("**Q1: No**\n**Q2: Yes**\n**Q3: No**", "after"),
+    ("- Q1: No\n- Q2: No\n- Q3: Yes", "independent"),
+    ("1. Q1: No\n2. Q2: Yes\n3. Q3: No", "after"),
+    ("Q1) Yes.\nQ2) No.\nQ3) No.", "before"),
+    ("Q1 - No\nQ2 - No\nQ3 - Yes", "independent"),
+    ("Q1: Yes, Q2: No, Q3: No", "before"),
+    ("Q1: Yes Q2: No Q3: No", "before"),
+    ("Question 1: No\nQuestion 2: Yes\nQuestion 3: No", "after"),
+    ("Q1: Yes, because the dough must be mixed first.\nQ2: No\nQ3: No, B needs A.", "before"),
+    ("Q1: Must Step A be executed before Step B? No\nQ2: Must Step A be executed after Step B? Yes\n"
+     "Q3: Can they run in parallel? No", "after"),
+    ("Sure! Here are my answers:\n\nQ1: No\nQ2: No\nQ3: Yes\n\nThe steps do not share ingredients.", "independent"),
+    ("### Answers\n* **Q1**: No\n* **Q2**: Yes\n* **Q3**: No", "after"),
+    ("Yes\nNo\nNo", "before"),
+    ("No, Yes, No", "after"),
+    ("1. No\n2. No\n3. Yes", "independent"),
+    ("Q3: Yes\nQ1: No\nQ2: No", "independent"),
+    ("Q1: No\nQ2: No\nQ3: Yes, since Q1 and Q2 do not apply", "independent"),
+    # non-answers -> other
+    ("I don't know.", "other"),
+    ("Q1: I don't know\nQ2: No\nQ3: No", "other"),
+    ("Q1: Yes\nQ2: Yes\nQ3: No", "other"),
+    ("Q1: Yes\nQ2: Yes\nQ3: Yes", "other"),
+    ("Q1: No\nQ2: No\nQ3: No", "other"),
+    ("Q1: Yes\nQ2: No", "other"),
+    ("Q1: Yes", "other"),
+    ("", "other"),
+    (None, "other"),
+    ("Q1: Maybe\nQ2: No\nQ3: No", "other"),
+    ("Q1: Yes\nQ2: No\nQ3: No\nQ1: No", "other"),
+    ("Yes", "other"),
+    ("Yes No", "other"),
+    ("The answer is: Before", "other"),
+]
+
+
+@pytest.mark.parametrize("strategy", ["baseline", "instructions", "icl"])
+@pytest.mark.parametrize("text,expected", QUESTION_CASES)
+def test_question_strategies(text, expected, strategy):
+    assert parse_teo_answer(text, strategy) == expected
+    assert parse_teo_answers(text, strategy) == (expected, expected)
+
+
+COT_CASES = [
+    ("Step A produces dough.\nStep A requires flour.\nStep B produces bread.\nStep B requires dough.\n"
+     "The answer is: Before", "before"),
+    ("... The answer is: After", "after"),
+    ("... The answer is: Parallel", "independent"),
+    ("the answer is: parallel.", "independent"),
+    ("THE ANSWER IS: AFTER", "after"),
+    ("**The answer is: Before**", "before"),
+    ("The answer is **Before**.", "before"),
+    ("The answer is: \"After\"", "after"),
+    ("The answer is - Parallel", "independent"),
+    ("The answer is: Independent", "independent"),
+    ("At first I thought the answer is: After. But B needs A.\nThe answer is: Before", "before"),
+    ("Step A produces nothing B needs.", "other"),
+    ("The answer is: I don't know", "other"),
+    ("The answer is: Sometimes", "other"),
+    ("", "other"),
+]
+
+
+@pytest.mark.parametrize("text,expected", COT_CASES)
+def test_cot(text, expected):
+    assert parse_teo_answer(text, "cot") == expected
+    assert parse_teo_answers(text, "cot") == (expected, expected)
+
+
+REFLECTION_CASES = [
+    ("The answer is: Before\nReflection: B needs the dough of A.\nThe final answer: Before", ("before", "before")),
+    ("The answer is: After\nOn reflection, A produces the dough B uses.\nThe final answer: Before", ("after", "before")),
+    ("The answer is: Parallel\n...\n**The final answer: After**", ("independent", "after")),
+    ("the answer is: before\nthe final answer: parallel", ("before", "independent")),
+    ("The answer is: Before\nI am not sure any more.", ("before", "other")),
+    ("Reflection only.\nThe final answer: After", ("other", "after")),
+    ("The answer is: Before\nThe final answer is: After", ("before", "after")),
+    ("Nothing useful", ("other", "other")),
+]
+
+
+@pytest.mark.parametrize("text,expected", REFLECTION_CASES)
+def test_self_reflection(text, expected):
+    assert parse_teo_answers(text, "self_reflection") == expected
+    assert parse_teo_answer(text, "self_reflection") == expected[1]
+
+
+def test_case_count_is_large_enough():
+    assert len(QUESTION_CASES) + len(COT_CASES) + len(REFLECTION_CASES) >= 40
+
+
+def test_unknown_strategy_lists_valid_names():
+    with pytest.raises(ValueError, match="self_reflection"):
+        parse_teo_answer("Q1: Yes", "zero_shot")
+
+
+@pytest.mark.parametrize("first,final,gold,outcome", [
+    ("before", "before", "before", "kept_correct"), ("after", "after", "before", "kept_wrong"),
+    ("after", "before", "before", "corrected"), ("before", "other", "before", "broken"),
+    ("after", "independent", "before", "changed_wrong"),
+])
+def test_reflection_outcome(first, final, gold, outcome):
+    assert reflection_outcome(first, final, gold) == outcome
+
+
+@pytest.mark.parametrize("text,strategy,expected", [
+    ("Yes", "answer_only", "DEP"), ("no.", "answer_only", "NONDEP"), ("**Yes**, it must.", "answer_only", "DEP"),
+    ("The answer is no", "answer_only", "NONDEP"), ("Yes or no, hard to say", "answer_only", "other"),
+    ("I cannot tell", "answer_only", "other"), ("", "answer_only", "other"),
+    ("The pictured step makes the batter.\nAnswer: Yes", "explain", "DEP"),
+    ("Yes at first glance, but no.\n**Answer:** No", "explain", "NONDEP"),
+    ("It needs the dough.\nYes.", "explain", "DEP"),
+    ("It is unclear.", "explain", "other"),
+])
+def test_iso(text, strategy, expected):
+    assert parse_iso_answer(text, strategy) == expected
+
+
+def test_iso_unknown_strategy():
+    with pytest.raises(ValueError, match="answer_only, explain"):
+        parse_iso_answer("Yes", "cot")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<image_1>: Image 3\n<image_2>: Image 1", [2, 0]),
+    ("<image_2>: Image 1\n<image_1>: Image 2", [1, 0]),
+    ("<image_1>: 2\n<image_2>: 3", [1, 2]),
+    ("- <image_1> = image 2\n- <image_2> = image 1\n", [1, 0]),
+    ("**<image_1>: Image 3**\n**<image_2>: Image 2**", [2, 1]),
+    ("<image_1>: Image 3", None),                         # missing placeholder
+    ("<image_1>: Image 3\n<image_2>: Image 3", None),     # candidate used twice
+    ("<image_1>: Image 4\n<image_2>: Image 1", None),     # out of range
+    ("<image_1>: Image 1\n<image_1>: Image 2", None),     # placeholder twice
+    ("<image_1>: Image 1\n<image_2>: Image 2\n<image_3>: Image 3", None),
+    ("Image 1 goes first, then image 2", None),
+    ("Here you go:\n<image_1>: Image 1\n<image_2>: Image 2", None),
+    ("", None),
+])
+def test_coherence(text, expected):
+    assert parse_coherence_answer(text, num_placeholders=2, num_candidates=3) == expected
+
+
+def test_coherence_invalid_counts_in_report():
+    instances = [{"instance_id": f"i{k}", "candidates": ["a", "b", "c"], "gold": [2, 0], "distractors": [1],
+                  "difficulty": "easy"} for k in range(2)]
+    preds = {"i0": parse_coherence_answer("<image_1>: Image 3\n<image_2>: Image 1", 2, 3),
+             "i1": parse_coherence_answer("no idea", 2, 3)}
+    report = coherence_report(instances, preds)
+    assert report["invalid_rate"] == 0.5 and report["exact_match"] == 0.5 and report["reject_accuracy"] == 0.5
