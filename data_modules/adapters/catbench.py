@@ -1,0 +1,120 @@
+"""CaT-Bench (Lal et al., EMNLP 2024) questions -> plans as procedures + TEO-style yes/no pairs.
+
+Input: a JSON-lines file (or a folder of them), one question per line with ``plan_idx, title,
+question_idx, question_type, direction, binary_question, steps, first_step_idx, second_step_idx,
+label, efg_recipe_id`` (see ``../shared/data/README.md``).
+
+Output:
+
+* one procedure per ``plan_idx`` (id ``catbench-<plan_idx>``), steps = ``steps`` (text only, no
+  DAG: the gold answers cannot be recomputed from a transitive closure), category ``["recipe"]``,
+  ``meta.efg_recipe_id``; every question of a plan must carry the same steps;
+* ``tasks["catbench"]``: one pair per question, TEO-style (``a``/``b`` = first/second step index,
+  ``step_a``/``step_b`` payloads) with the gold ``label`` (yes/no) kept as is, plus
+  ``question_type``, ``direction``, ``question`` and the ids.
+
+All records go to split ``split`` (default ``test``: CaT-Bench is an evaluation set).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from data_modules.adapters.common import (
+    AdapterOptionError,
+    AdapterResult,
+    ProblemLog,
+    check_procedure,
+    iter_files,
+    iter_json_records,
+)
+from seqaware.procedure import SPLIT_PATTERN, Procedure, Step
+
+LABELS = ("yes", "no")
+DIRECTIONS = ("before", "after")
+REQUIRED = ("plan_idx", "question_idx", "question_type", "direction", "steps", "first_step_idx",
+            "second_step_idx", "label")
+
+
+def _check_question(record: Any, log: ProblemLog, path: Path, line: int) -> bool:
+    """Log every problem of one question record; True when it is usable."""
+    if not isinstance(record, dict):
+        log.add(path, line, "?", "record", f"expected a JSON object, got {type(record).__name__}")
+        return False
+    rid = f"plan {record.get('plan_idx', '?')} question {record.get('question_idx', '?')}"
+    before = len(log)
+    for name in REQUIRED:
+        if record.get(name) is None:
+            log.add(path, line, rid, name, "missing field")
+    if len(log) > before:
+        return False
+    steps = record["steps"]
+    if not isinstance(steps, list) or not all(isinstance(s, str) and s.strip() for s in steps):
+        log.add(path, line, rid, "steps", "must be a list of non-empty step strings")
+        return False
+    for name in ("first_step_idx", "second_step_idx"):
+        value = record[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(steps):
+            log.add(path, line, rid, name, f"{value!r} is not a step index of the {len(steps)} steps")
+    if record["first_step_idx"] == record["second_step_idx"]:
+        log.add(path, line, rid, "second_step_idx", "equals first_step_idx")
+    if str(record["label"]).lower() not in LABELS:
+        log.add(path, line, rid, "label", f"{record['label']!r} is not one of {list(LABELS)}")
+    if record["direction"] not in DIRECTIONS:
+        log.add(path, line, rid, "direction", f"{record['direction']!r} is not one of {list(DIRECTIONS)}")
+    return len(log) == before
+
+
+def convert(src: Path, out_images: Path | None = None, split: str = "test") -> AdapterResult:
+    """Convert CaT-Bench questions (see the module docstring); ``out_images`` is unused (text only)."""
+    if not SPLIT_PATTERN.match(str(split)):
+        raise AdapterOptionError(f"option split={split!r}: expected train, val, test or test-<suffix>")
+    log = ProblemLog()
+    result = AdapterResult()
+    plans: dict[int, tuple[Procedure, Path, int]] = {}
+    pairs: list[dict[str, Any]] = []
+    for path in iter_files(src, (".jsonl", ".json")):
+        for line, record in iter_json_records(path, log):
+            result.records_read["questions"] += 1
+            if not _check_question(record, log, path, line):
+                continue
+            plan_idx, steps = record["plan_idx"], record["steps"]
+            pid = f"catbench-{plan_idx}"
+            rid = f"plan {plan_idx} question {record['question_idx']}"
+            if plan_idx not in plans:
+                procedure = Procedure(
+                    id=pid, steps=[Step(text=s) for s in steps], split=split, title=str(record.get("title") or ""),
+                    category=["recipe"],
+                    meta={"source": "catbench", "plan_idx": plan_idx, "efg_recipe_id": record.get("efg_recipe_id")},
+                )
+                if not check_procedure(procedure, path, line, log):
+                    continue
+                plans[plan_idx] = (procedure, path, line)
+            procedure, first_path, first_line = plans[plan_idx]
+            if [s.text for s in procedure.steps] != steps:
+                log.add(path, line, rid, "steps", f"differ from the steps of plan {plan_idx} first seen at {first_path}:{first_line}")
+                continue
+            a, b = record["first_step_idx"], record["second_step_idx"]
+            pairs.append({
+                "pair_id": f"{pid}:q{record['question_idx']}",
+                "procedure_id": pid,
+                "split": split,
+                "num_steps": len(steps),
+                "a": a,
+                "b": b,
+                "label": str(record["label"]).lower(),
+                "question_type": record["question_type"],
+                "direction": record["direction"],
+                "question": record.get("binary_question"),
+                "step_a": {"text": steps[a], "images": []},
+                "step_b": {"text": steps[b], "images": []},
+                "category": ["recipe"],
+                "plan_idx": plan_idx,
+                "question_idx": record["question_idx"],
+                "efg_recipe_id": record.get("efg_recipe_id"),
+            })
+    log.raise_if_any()
+    for procedure, _, _ in sorted(plans.values(), key=lambda t: t[0].meta["plan_idx"]):
+        result.add(procedure)
+    result.tasks["catbench"] = pairs
+    return result

@@ -1,0 +1,165 @@
+"""COHERENCE export (JSON / JSONL) -> COHERENCE instances, through a field mapping given in config.
+
+``fields`` maps each key to a (dotted) field of the export record (defaults: the keys themselves):
+
+============  ========  ======================================================================
+key           required  meaning
+============  ========  ======================================================================
+text          yes       text with image placeholders matched by ``placeholder_pattern``
+candidates    yes       list of candidate images (paths relative to the export file, URLs via
+                        ``url_root``, or embedded bytes)
+gold          no        ``gold[i]`` = candidate index (``gold_base``-based) of the image of the
+                        i-th placeholder in reading order. Absent: the first ``n`` candidates
+                        are the images of the ``n`` placeholders in order, and the candidates
+                        are shuffled with a generator seeded by ``(seed, id)``, as the builder does
+id            no        instance id (default ``<file stem>-<line>``)
+difficulty    no        easy / medium / hard (default: from the number of placeholders and
+                        ``difficulty_bins``, as in :mod:`data_modules.tasks.coherence`)
+split         no        split (default: option ``split``)
+source        no        sub-corpus name (WikiHow, StoryBird, ...), kept as ``source``
+============  ========  ======================================================================
+
+Placeholders are rewritten to this project's ``<image_i>`` (1-based, reading order). Output:
+``tasks["coherence"]`` in the format of :mod:`data_modules.tasks.coherence` (``candidates``, ``gold``,
+``distractors``, ``num_images``, ``difficulty``), so :func:`seqaware.metrics.coherence.coherence_report`
+scores it. Unreadable candidate images follow ``unreadable_image`` (error | skip the instance).
+"""
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from data_modules.adapters.common import (
+    IMAGE_POLICIES,
+    AdapterOptionError,
+    AdapterResult,
+    ImageStore,
+    ProblemLog,
+    check_choice,
+    iter_files,
+    iter_json_records,
+    store_images,
+)
+from data_modules.adapters.iso import image_source, record_value, resolve_fields
+from data_modules.tasks.coherence import DIFFICULTY_NAMES, difficulty_of, placeholder
+from seqaware.procedure import SPLIT_PATTERN
+
+COHERENCE_FIELDS = ("id", "text", "candidates", "gold", "difficulty", "split", "source")
+REQUIRED = ("text", "candidates")
+
+
+def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str] | None = None,
+            placeholder_pattern: str = r"<image_\d+>", gold_base: int = 0, split: str = "test",
+            difficulty_bins: Sequence[Sequence[int | None]] = ((2, 3), (4, 5), (6, None)), seed: int = 0,
+            unreadable_image: str = "error", url_root: str | None = None) -> AdapterResult:
+    """Read a COHERENCE export into COHERENCE instances (see the module docstring)."""
+    check_choice("unreadable_image", unreadable_image, IMAGE_POLICIES)
+    if not SPLIT_PATTERN.match(str(split)):
+        raise AdapterOptionError(f"option split={split!r}: expected train, val, test or test-<suffix>")
+    try:
+        pattern = re.compile(placeholder_pattern)
+    except re.error as err:
+        raise AdapterOptionError(f"option placeholder_pattern={placeholder_pattern!r}: not a regular expression ({err})") from None
+    bins = [(int(low), None if high is None else int(high)) for low, high in difficulty_bins]
+    fmap = resolve_fields(fields, COHERENCE_FIELDS)
+    log = ProblemLog()
+    result = AdapterResult()
+    store = ImageStore(out_images)
+    instances: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    files = iter_files(src, (".json", ".jsonl"))
+    if not files:
+        raise FileNotFoundError(f"coherence: no .json or .jsonl files in {src}")
+    for path in files:
+        for line, record in iter_json_records(path, log):
+            result.records_read["instances"] += 1
+            inst = _instance(record, path, line, fmap, pattern, gold_base, split, bins, seed, store,
+                             unreadable_image, url_root, seen, log, result)
+            if inst is not None:
+                instances.append(inst)
+    log.raise_if_any()
+    result.tasks["coherence"] = instances
+    return result
+
+
+def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], pattern: re.Pattern, gold_base: int,
+              split: str, bins, seed: int, store: ImageStore, policy: str, url_root: str | None,
+              seen: dict[str, str], log: ProblemLog, result: AdapterResult) -> dict[str, Any] | None:
+    if not isinstance(record, dict):
+        log.add(path, line, "?", "record", f"expected a JSON object, got {type(record).__name__}")
+        return None
+    value = {key: record_value(record, key, fmap) for key in COHERENCE_FIELDS}
+    iid = str(value["id"]) if value["id"] is not None else f"{path.stem}-{line}"
+    before = len(log)
+    for key in REQUIRED:
+        if value[key] is None:
+            log.add(path, line, iid, fmap[key], "missing field")
+    if len(log) > before:
+        return None
+    text, candidates = value["text"], value["candidates"]
+    if not isinstance(text, str):
+        log.add(path, line, iid, fmap["text"], "must be a string")
+        return None
+    n = len(pattern.findall(text))
+    if n == 0:
+        log.add(path, line, iid, fmap["text"], f"no image placeholder matching {pattern.pattern!r}")
+    if not isinstance(candidates, list) or len(candidates) < n:
+        log.add(path, line, iid, fmap["candidates"], f"must be a list of at least {n} images (one per placeholder)")
+    if len(log) > before:
+        return None
+    if value["gold"] is None:
+        order = [int(i) for i in np.random.default_rng([seed, zlib.crc32(iid.encode())]).permutation(len(candidates))]
+        candidates = [candidates[src] for src in order]
+        position = {src: j for j, src in enumerate(order)}
+        gold = [position[i] for i in range(n)]
+    else:
+        raw = value["gold"]
+        try:
+            gold = [int(g) - gold_base for g in raw]
+        except (TypeError, ValueError):
+            gold = None
+        if gold is None or len(gold) != n or len(set(gold)) != n or not all(0 <= g < len(candidates) for g in gold):
+            log.add(path, line, iid, fmap["gold"],
+                    f"{raw!r} must give {n} distinct candidate indices ({gold_base}-based, {len(candidates)} candidates)")
+            return None
+    difficulty = value["difficulty"]
+    if difficulty is not None and str(difficulty).lower() not in DIFFICULTY_NAMES:
+        log.add(path, line, iid, fmap["difficulty"], f"{difficulty!r} is not one of {list(DIFFICULTY_NAMES)}")
+    inst_split = str(value["split"]) if value["split"] is not None else split
+    inst_split = "val" if inst_split == "validation" else inst_split
+    if not SPLIT_PATTERN.match(inst_split):
+        log.add(path, line, iid, fmap["split"], f"unknown split {inst_split!r}")
+    if iid in seen:
+        log.add(path, line, iid, fmap["id"], f"duplicate id (first seen at {seen[iid]})")
+    seen.setdefault(iid, f"{path}:{line}")
+    if len(log) > before:
+        return None
+    sources = [image_source(c, path.parent, url_root) for c in candidates]
+    fields = [f"{fmap['candidates']}[{j}]" for j in range(len(candidates))]
+    if any(s is None for s in sources):
+        j = sources.index(None)
+        log.add(path, line, iid, fields[j], "empty candidate image")
+        return None
+    images = store_images(store, sources, iid, policy, log, (path, line), fields, result.dropped)
+    if images is None:
+        return None
+    counter = iter(range(1, n + 1))
+    rewritten = pattern.sub(lambda _: placeholder(next(counter)), text)
+    inst = {
+        "instance_id": iid,
+        "procedure_id": iid,
+        "split": inst_split,
+        "text": rewritten,
+        "num_images": n,
+        "candidates": [im[0] for im in images],
+        "gold": gold,
+        "distractors": sorted(set(range(len(candidates))) - set(gold)),
+        "difficulty": str(difficulty).lower() if difficulty is not None else difficulty_of(n, bins),
+    }
+    if value["source"] is not None:
+        inst["source"] = str(value["source"])
+    return inst

@@ -1,0 +1,173 @@
+"""ISO-Bench export (JSON / JSONL) -> ISO instances, through a field mapping given in config.
+
+The public field names are not known offline, so ``fields`` maps each instance key to a (dotted)
+field of the export record; the defaults are the keys themselves:
+
+==============  ========  =====================================================================
+key             required  meaning
+==============  ========  =====================================================================
+snippet         yes       the text snippet: a list of step texts, or one string
+image           yes       the image of the other step: path (relative to the export file), URL
+                          (used only via ``url_root``) or embedded bytes (``{"bytes": ...}``)
+label           yes       gold answer, mapped to DEP / NONDEP by ``labels``
+id              no        instance id (default ``<file stem>-<line>``)
+question        no        the question text
+task            no        ``before`` / ``after`` (default: read from the question, else None)
+k               no        snippet length (default: number of snippet steps)
+split           no        split (default: option ``split``)
+procedure_id    no        the plan the instance comes from
+==============  ========  =====================================================================
+
+Output: ``tasks["iso"]``, instances in the format of :mod:`data_modules.tasks.iso` (so
+:func:`seqaware.metrics.iso.iso_report` scores them), images copied into ``out_images``.
+Unreadable images follow ``unreadable_image`` (error | skip the instance, counted).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import urlparse
+
+from data_modules.adapters.common import (
+    IMAGE_POLICIES,
+    AdapterOptionError,
+    AdapterResult,
+    ImageStore,
+    ProblemLog,
+    check_choice,
+    decode_embedded,
+    get_path,
+    is_url,
+    iter_files,
+    iter_json_records,
+    store_images,
+)
+from data_modules.tasks.iso import ISO_LABELS
+from seqaware.procedure import SPLIT_PATTERN
+
+ISO_FIELDS = ("id", "snippet", "image", "question", "label", "task", "k", "split", "procedure_id")
+REQUIRED = ("snippet", "image", "label")
+DEFAULT_LABELS = {"yes": "DEP", "no": "NONDEP", "dep": "DEP", "nondep": "NONDEP", "true": "DEP", "false": "NONDEP",
+                  "1": "DEP", "0": "NONDEP"}
+
+
+def resolve_fields(fields: Mapping[str, str] | None, known: tuple[str, ...]) -> dict[str, str]:
+    """The field mapping with defaults filled in; an unknown key raises naming the valid ones."""
+    fields = dict(fields or {})
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise AdapterOptionError(f"option fields: unknown key(s) {unknown}; valid keys: {list(known)}")
+    return {key: str(fields.get(key, key)) for key in known}
+
+
+def image_source(value: Any, base: Path, url_root: str | None) -> Path | bytes | str | None:
+    """A step image value (path, URL or embedded bytes) -> what :func:`store_images` takes."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dict) and value.get("bytes") is None and value.get("path"):
+        value = value["path"]
+    if not isinstance(value, str):
+        data = decode_embedded(value)
+        return data if data is not None else f"image value is not a path, URL or embedded bytes ({type(value).__name__})"
+    if is_url(value):
+        if url_root is None:
+            return f"image URL {value} has no local copy (downloads are off; set option url_root to a local mirror)"
+        local = Path(url_root) / urlparse(value).path.lstrip("/")
+        return local if local.is_file() else f"image URL {value} has no local copy at {local}"
+    path = Path(value)
+    return path if path.is_absolute() else base / path
+
+
+def record_value(record: Any, key: str, fields: dict[str, str]) -> Any:
+    """The value of ``key`` in ``record`` through the mapping, or None when the field is absent."""
+    try:
+        return get_path(record, fields[key])
+    except (KeyError, TypeError):
+        return None
+
+
+def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str] | None = None,
+            labels: Mapping[str, str] | None = None, split: str = "test", unreadable_image: str = "error",
+            url_root: str | None = None) -> AdapterResult:
+    """Read an ISO-Bench export into ISO instances (see the module docstring)."""
+    check_choice("unreadable_image", unreadable_image, IMAGE_POLICIES)
+    if not SPLIT_PATTERN.match(str(split)):
+        raise AdapterOptionError(f"option split={split!r}: expected train, val, test or test-<suffix>")
+    fmap = resolve_fields(fields, ISO_FIELDS)
+    label_map = {str(k).lower(): v for k, v in {**DEFAULT_LABELS, **dict(labels or {})}.items()}
+    bad = sorted({v for v in label_map.values() if v not in ISO_LABELS})
+    if bad:
+        raise AdapterOptionError(f"option labels: values {bad} are not ISO labels {list(ISO_LABELS)}")
+    log = ProblemLog()
+    result = AdapterResult()
+    store = ImageStore(out_images)
+    instances: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    files = iter_files(src, (".json", ".jsonl"))
+    if not files:
+        raise FileNotFoundError(f"iso: no .json or .jsonl files in {src}")
+    for path in files:
+        for line, record in iter_json_records(path, log):
+            result.records_read["instances"] += 1
+            inst = _instance(record, path, line, fmap, label_map, split, store, unreadable_image, url_root, seen, log,
+                             result)
+            if inst is not None:
+                instances.append(inst)
+    log.raise_if_any()
+    result.tasks["iso"] = instances
+    return result
+
+
+def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_map: dict[str, str], split: str,
+              store: ImageStore, policy: str, url_root: str | None, seen: dict[str, str], log: ProblemLog,
+              result: AdapterResult) -> dict[str, Any] | None:
+    if not isinstance(record, dict):
+        log.add(path, line, "?", "record", f"expected a JSON object, got {type(record).__name__}")
+        return None
+    value = {key: record_value(record, key, fmap) for key in ISO_FIELDS}
+    iid = str(value["id"]) if value["id"] is not None else f"{path.stem}-{line}"
+    before = len(log)
+    for key in REQUIRED:
+        if value[key] is None:
+            log.add(path, line, iid, fmap[key], "missing field")
+    if len(log) > before:
+        return None
+    snippet = value["snippet"]
+    snippet = [snippet] if isinstance(snippet, str) else snippet
+    if not isinstance(snippet, list) or not snippet or not all(isinstance(s, str) and s.strip() for s in snippet):
+        log.add(path, line, iid, fmap["snippet"], "must be a non-empty string or list of non-empty strings")
+    label = label_map.get(str(value["label"]).strip().lower())
+    if label is None:
+        log.add(path, line, iid, fmap["label"], f"label {value['label']!r} is not mapped to DEP/NONDEP (option labels)")
+    inst_split = str(value["split"]) if value["split"] is not None else split
+    inst_split = "val" if inst_split == "validation" else inst_split
+    if not SPLIT_PATTERN.match(inst_split):
+        log.add(path, line, iid, fmap["split"], f"unknown split {inst_split!r}")
+    if iid in seen:
+        log.add(path, line, iid, fmap["id"], f"duplicate id (first seen at {seen[iid]})")
+    seen.setdefault(iid, f"{path}:{line}")
+    if len(log) > before:
+        return None
+    source = image_source(value["image"], path.parent, url_root)
+    images = store_images(store, [source], iid, policy, log, (path, line), [fmap["image"]], result.dropped)
+    if images is None:
+        return None
+    question = value["question"]
+    task = value["task"]
+    if task is None and isinstance(question, str):
+        found = re.findall(r"\b(before|after)\b", question.lower())
+        task = found[0] if len(set(found)) == 1 else None
+    return {
+        "instance_id": iid,
+        "procedure_id": None if value["procedure_id"] is None else str(value["procedure_id"]),
+        "split": inst_split,
+        "task": task,
+        "k": int(value["k"]) if value["k"] is not None else len(snippet),
+        "snippet_steps": None,
+        "snippet": list(snippet),
+        "candidate_step": None,
+        "image": images[0][0],
+        "label": label,
+        "question": question,
+    }

@@ -1,0 +1,149 @@
+"""ROCStories / SIND tsv -> text-only procedures in gold sentence order (BERSON's format).
+
+A file holds one story per line; its sentences are separated by `` <eos> `` and already lower-cased
+and tokenised. Line ``k`` of ``NAME.tsv`` becomes procedure ``NAME-k`` whose steps are the
+sentences in gold order (no images, no DAG: the reference is the authored order).
+
+A *bad line* has fewer than 2 sentences or an empty sentence. With ``bad_lines='error'`` every bad
+line is reported as ``file:line: NAME-k: steps: reason``; with ``bad_lines='skip'`` (default, the
+real files have a few oddities) they are left out and their number is logged and returned in
+``dropped``. Blank lines are ignored.
+
+:func:`roc_source` is the Hydra source of ``configs/data/roc.yaml``; :func:`convert` is the
+adapter used by ``scripts/prepare_data.py``.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from data_modules.adapters.common import (
+    AdapterOptionError,
+    AdapterResult,
+    ProblemLog,
+    check_choice,
+    iter_files,
+    split_from_name,
+)
+from seqaware.procedure import Procedure, Step
+
+log = logging.getLogger(__name__)
+
+SEPARATOR = "<eos>"
+BAD_LINE_POLICIES = ("error", "skip")
+
+
+def read_roc(path: str | Path, split: str, bad_lines: str = "skip", max_stories: int | None = None,
+             dropped: Counter | None = None) -> list[Procedure]:
+    """Stories of one tsv file as procedures of ``split`` (see the module docstring).
+
+    ``max_stories`` keeps the first stories of the file only; ``dropped`` (if given) receives the
+    count of skipped bad lines under ``"bad line"``.
+    """
+    check_choice("bad_lines", bad_lines, BAD_LINE_POLICIES)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ROC file not found: {path}")
+    problems = ProblemLog()
+    procedures: list[Procedure] = []
+    skipped = 0
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if max_stories is not None and len(procedures) >= max_stories:
+            break
+        if not line.strip():
+            continue
+        rid = f"{path.stem}-{line_no}"
+        sentences = [s.strip() for s in line.split(SEPARATOR)]
+        reason = None
+        if len(sentences) < 2:
+            reason = f"a story needs at least 2 sentences separated by ' {SEPARATOR} ', got {len(sentences)}"
+        elif any(not s for s in sentences):
+            reason = f"sentence {next(i for i, s in enumerate(sentences) if not s)} is empty"
+        if reason is not None:
+            if bad_lines == "error":
+                problems.add(path, line_no, rid, "steps", reason)
+            skipped += 1
+            continue
+        procedures.append(Procedure(id=rid, steps=[Step(text=s) for s in sentences], split=split,
+                                    meta={"source": "roc", "file": path.name, "line": line_no}))
+    problems.raise_if_any()
+    if skipped:
+        log.warning("%s: skipped %d bad line(s) (fewer than 2 sentences or an empty sentence)", path, skipped)
+        if dropped is not None:
+            dropped["bad line"] += skipped
+    return procedures
+
+
+def _held_out(procedures: list[Procedure], fractions: dict[str, float], seed: int) -> dict[str, list[Procedure]]:
+    """Cut disjoint seeded random slices (sizes ``round(fraction * N)``) out of ``procedures``.
+
+    The rest stays in ``train``; every procedure is re-labelled with its split, order within a
+    split follows the file.
+    """
+    n = len(procedures)
+    order = np.random.default_rng(seed).permutation(n)
+    assigned = np.zeros(n, dtype=np.int64)  # 0 = train
+    names = ["train"]
+    start = 0
+    for name, fraction in fractions.items():
+        count = int(round(fraction * n))
+        names.append(name)
+        assigned[order[start:start + count]] = len(names) - 1
+        start += count
+    out: dict[str, list[Procedure]] = {name: [] for name in names}
+    for proc, which in zip(procedures, assigned.tolist()):
+        proc.split = names[which]
+        out[names[which]].append(proc)
+    return out
+
+
+def roc_source(train_path: str, val_path: str | None = None, test_path: str | None = None,
+               val_fraction: float = 0.1, test_fraction: float = 0.1, seed: int = 0,
+               max_stories: int | None = None, bad_lines: str = "skip") -> dict[str, list[Procedure]]:
+    """Hydra source: ``{train, val, test: [Procedure]}`` from ROC/SIND tsv files.
+
+    When ``val_path`` / ``test_path`` is not given, that split is a seeded random held-out slice of
+    the train file (``val_fraction`` / ``test_fraction`` of its stories; the slices are disjoint
+    and removed from train), so ``data.train_path=dev.tsv`` alone gives a usable train/val/test
+    split. ``max_stories`` keeps the first stories of each file (before slices are cut).
+    """
+    if not train_path:
+        raise AdapterOptionError("data.train_path: the ROC source needs a train file")
+    for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not 0 <= value < 1:
+            raise AdapterOptionError(f"option {name}={value}: must be in [0, 1)")
+    carve = {name: fraction for name, fraction, path in (("val", val_fraction, val_path), ("test", test_fraction, test_path))
+             if path is None}
+    if sum(carve.values()) >= 1:
+        raise AdapterOptionError(f"held-out fractions {carve} leave no training stories")
+    train = read_roc(train_path, "train", bad_lines=bad_lines, max_stories=max_stories)
+    splits = _held_out(train, carve, seed) if carve else {"train": train}
+    for name, path in (("val", val_path), ("test", test_path)):
+        if path is not None:
+            splits[name] = read_roc(path, name, bad_lines=bad_lines, max_stories=max_stories)
+    log.info("ROC splits: %s", {k: len(v) for k, v in splits.items()})
+    return splits
+
+
+def convert(src: Path, out_images: Path | None = None, split: str | None = None, bad_lines: str = "skip",
+            max_stories: int | None = None) -> AdapterResult:
+    """Adapter: every ``.tsv`` in ``src`` (or the file ``src``); the split comes from the file name
+    (train / dev|val / test) unless ``split`` is given. ``out_images`` is unused (text only)."""
+    result = AdapterResult()
+    files = iter_files(src, (".tsv",))
+    if not files:
+        raise FileNotFoundError(f"roc: no .tsv files in {src}")
+    for path in files:
+        name = split or split_from_name(path.stem)
+        if name is None:
+            raise AdapterOptionError(f"roc: cannot tell the split of {path} from its name; set option split=...")
+        skipped_before = result.dropped["bad line"]
+        procedures = read_roc(path, name, bad_lines=bad_lines, max_stories=max_stories, dropped=result.dropped)
+        result.records_read[path.name] += len(procedures) + result.dropped["bad line"] - skipped_before
+        for procedure in procedures:
+            result.add(procedure)
+    return result
