@@ -53,7 +53,8 @@ def bench_decoders(hidden: int, batch: int, sizes: list[int], beam: int, repeats
         print(f"| {n} | " + " | ".join(cells) + " |")
 
 
-def bench_training(steps: int, batch: int, bf16: bool, device: str) -> None:
+def bench_training(steps: int, batch: int, bf16: bool, device: str, text: str = "offline:minilm",
+                   random_weights: bool = False) -> None:
     from data_modules.collate import StepCollator
     from data_modules.views import SequencingView
     from seqaware.modules.berson import BersonModule
@@ -67,9 +68,16 @@ def bench_training(steps: int, batch: int, bf16: bool, device: str) -> None:
         sents = [" ".join(words[int(x)] for x in torch.randint(len(words), (9,), generator=g)) for _ in range(5)]
         procs.append(Procedure(id=f"p{k}", title="", split="train", steps=[Step(text=s) for s in sents]))
     view = SequencingView(procs, seed=0)
-    collate = StepCollator(tokenizer=load_tokenizer("offline:minilm"), max_tokens=35, use_images=False)
-    model = BersonModule(encoder={"_target_": "seqaware.encoders.text.TextEncoder", "name_or_path": "offline:minilm"},
-                         optimizer={"_target_": "torch.optim.AdamW", "lr": 2e-5}).to(device).train()
+    collate = StepCollator(tokenizer=load_tokenizer(text), max_tokens=35, use_images=False)
+    encoder = {"_target_": "seqaware.encoders.text.TextEncoder", "name_or_path": text}
+    if random_weights:  # same architecture, random init: throughput only (e.g. on a machine without the weights)
+        from transformers import AutoConfig
+
+        from seqaware.pretrained import resolve_name
+
+        encoder["config"] = AutoConfig.from_pretrained(resolve_name(text)).to_dict()
+        encoder["tokenizer"] = text
+    model = BersonModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 2e-5}).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
 
     def step(k: int) -> None:
@@ -106,6 +114,8 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=10)
     parser.add_argument("--train-batch", type=int, default=4)
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--text", default="offline:minilm", help="text encoder weights (alias, folder or hub id)")
+    parser.add_argument("--random-weights", action="store_true", help="the text encoder's architecture with random weights")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--train-only", action="store_true")
     parser.add_argument("--decode-only", action="store_true")
@@ -113,7 +123,7 @@ def main() -> None:
     if not args.train_only:
         bench_decoders(args.hidden, args.batch, args.sizes, args.beam, args.repeats)
     if not args.decode_only:
-        bench_training(args.train_steps, args.train_batch, args.bf16, args.device)
+        bench_training(args.train_steps, args.train_batch, args.bf16, args.device, args.text, args.random_weights)
 
 
 if __name__ == "__main__":

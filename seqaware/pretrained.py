@@ -11,6 +11,7 @@ Names accepted wherever a config asks for ``name_or_path``:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -70,6 +71,19 @@ def hub_reachable(host: str = "huggingface.co", port: int = 443, timeout: float 
     return bool(result and result[0])
 
 
+@contextlib.contextmanager
+def _hub_offline():
+    """Make huggingface_hub skip network calls: ``local_files_only=True`` alone still retries HEAD
+    requests for optional files (about 23 s for a missing hub id with transformers 5.23)."""
+    import huggingface_hub.constants as constants
+
+    previous, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = previous
+
+
 def from_pretrained(loader: Callable[..., Any], name_or_path: str, what: str = "model", config_key: str = "name_or_path", **kwargs) -> Any:
     """Call ``loader(name, **kwargs)`` (e.g. ``AutoModel.from_pretrained``) without ever hanging.
 
@@ -81,7 +95,8 @@ def from_pretrained(loader: Callable[..., Any], name_or_path: str, what: str = "
     if Path(name).exists():
         return loader(name, **kwargs)
     try:
-        return loader(name, local_files_only=True, **kwargs)
+        with _hub_offline():
+            return loader(name, local_files_only=True, **kwargs)
     except (OSError, ValueError):
         pass
     if not hub_reachable():

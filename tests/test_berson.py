@@ -164,3 +164,101 @@ def test_twenty_step_procedure_decodes(decoder):
     assert len(b) == 2 * 380
     for order in decoder.beam_search(state, 16) + decoder.greedy(state):
         assert _is_permutation(order, 20)
+
+
+# ---------------------------------------------------------------- the Lightning module over real encoders
+TINY_BERT = dict(model_type="bert", vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=64, max_position_embeddings=128, type_vocab_size=2)
+TINY_VIT = dict(name="clip_vit_b32", vision_cfg=dict(width=64, layers=1, head_width=32, image_size=64, patch_size=16))
+
+
+def _module(modality: str, **kwargs):
+    from seqaware.modules.berson import BersonModule
+
+    encoder = {"_target_": "seqaware.encoders.create_encoder", "name": "text" if modality == "text" else "clipvil",
+               "config": TINY_BERT, "tokenizer": "offline:minilm"}
+    if modality != "text":
+        encoder.update(visual=TINY_VIT, modality=modality)
+    torch.manual_seed(0)
+    return BersonModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3},
+                        decoder={"paragraph_heads": 4, "dropout": 0.0}, **kwargs)
+
+
+def _batch(modality: str, n_steps=(5, 3)):
+    from data_modules.collate import StepCollator
+    from data_modules.views import SequencingView
+    from seqaware.pretrained import load_tokenizer
+    from seqaware.procedure import Procedure, Step
+
+    procs = [Procedure(id=f"p{k}", steps=[Step(text=f"step {i} of procedure {k} with some words") for i in range(n)])
+             for k, n in enumerate(n_steps)]
+    view = SequencingView(procs, seed=0)
+    collate = StepCollator(tokenizer=load_tokenizer("offline:minilm"), image_size=64,
+                           use_text=modality != "image", use_images=False)
+    batch = collate([view[k] for k in range(len(procs))])
+    if modality != "text":
+        g = torch.Generator().manual_seed(0)
+        B, S = batch["step_mask"].shape
+        batch["pixel_values"] = torch.randn(B, S, 3, 64, 64, generator=g)
+        batch["image_mask"] = batch["step_mask"].clone()
+    return batch
+
+
+@pytest.mark.parametrize("modality", ["text", "multimodal", "image"])
+def test_pair_chunks_do_not_change_the_result(modality):
+    batch = _batch(modality)
+    small, large = _module(modality, pair_chunk=3).eval(), _module(modality, pair_chunk=1000).eval()
+    large.load_state_dict(small.state_dict())
+    with torch.no_grad():
+        a, b = small.encode(batch), large.encode(batch)
+    torch.testing.assert_close(a.context, b.context, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a.pair_logits, b.pair_logits, rtol=1e-4, atol=1e-5)
+    assert small.decode(a) == large.decode(b)
+    assert [len(o) for o in small.decode(a)] == [5, 3]
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    batch = _batch("multimodal")
+    plain, ckpt = _module("multimodal", pair_chunk=4), _module("multimodal", pair_chunk=4, checkpoint_chunks=True)
+    ckpt.load_state_dict(plain.state_dict())
+    grads = []
+    for m in (plain, ckpt):
+        m.train()
+        for mod in m.modules():  # deterministic forward: no dropout
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.0
+        m.zero_grad()
+        m._losses(batch)[0]["loss"].backward()
+        grads.append({k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6)
+
+
+def test_text_pairs_use_bert_segments_and_images_are_encoded_once_per_step(monkeypatch):
+    module = _module("multimodal").eval()
+    batch = _batch("multimodal")
+    calls = []
+    original = module.encoder.visual_features
+    monkeypatch.setattr(module.encoder, "visual_features", lambda px, *a: calls.append(px.shape[0]) or original(px, *a))
+    with torch.no_grad():
+        module.encode(batch)
+    assert calls == [batch["step_mask"].numel()]  # one backbone call over the B * S step images, not per pair
+    text = _module("text").eval()
+    seen = {}
+    forward = text.encoder.forward
+    monkeypatch.setattr(text.encoder, "forward", lambda fi: seen.update(fi) or forward(fi))
+    with torch.no_grad():
+        text.encode(_batch("text", n_steps=(2,)))
+    types, steps = seen["token_type_ids"], seen["text_step"]
+    assert bool((types[steps == 0] == 0).all()) and bool((types[steps == 1] == 1).all())
+
+
+def test_decoding_choice_is_validated():
+    with pytest.raises(ValueError, match="model.decoding"):
+        _module("text", decoding="viterbi")
+    for name in ("greedy", "topological", "exact", "borda"):
+        module = _module("text", decoding=name).eval()
+        with torch.no_grad():
+            orders = module.decode(module.encode(_batch("text")))
+        assert [sorted(o) for o in orders] == [list(range(5)), list(range(3))]

@@ -16,12 +16,23 @@ it on pairs of steps, S = 2) use it through two calls:
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import nn
 
 from seqaware.objectives.base import EncoderOutput
+
+
+def plain_config(cfg: Optional[Mapping]) -> dict[str, Any]:
+    """A config mapping (dict or OmegaConf DictConfig, lists included) as plain Python containers."""
+    if cfg is None:
+        return {}
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
 
 
 def pack_steps(input_ids: torch.Tensor, attention_mask: torch.Tensor, step_mask: Optional[torch.Tensor],

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from transformers import AutoConfig, AutoModel
 
-from seqaware.encoders.base import SequenceEncoder
+from seqaware.encoders.base import SequenceEncoder, plain_config
 from seqaware.objectives.base import EncoderOutput
 from seqaware.pretrained import from_pretrained, load_tokenizer
 
@@ -52,7 +52,7 @@ class TextEncoder(SequenceEncoder):
                  gradient_checkpointing: bool = False):
         super().__init__()
         if config is not None:
-            cfg = dict(config)
+            cfg = plain_config(config)
             model_type = cfg.pop("model_type", None)
             if model_type is None:
                 raise ValueError("model.encoder.config needs a 'model_type' (e.g. bert, roberta)")
@@ -74,6 +74,7 @@ class TextEncoder(SequenceEncoder):
             raise ValueError(f"the tokenizer {tokenizer or name_or_path!r} has {len(tok)} tokens but the "
                              f"text model's vocabulary has {self.vocab_size}")
         self.hidden_size = int(self.backbone.config.hidden_size)
+        self.type_vocab_size = int(getattr(self.backbone.config, "type_vocab_size", 1) or 1)
         if gradient_checkpointing:
             self.backbone.gradient_checkpointing_enable()
 
@@ -83,7 +84,9 @@ class TextEncoder(SequenceEncoder):
 
     def forward(self, fusion_input: dict) -> EncoderOutput:
         ids = fusion_input["input_ids"]
-        out = self.backbone(input_ids=ids, attention_mask=fusion_input["attention_mask"],
-                            token_type_ids=fusion_input.get("token_type_ids", torch.zeros_like(ids)))
+        types = fusion_input.get("token_type_ids")
+        if types is None or self.type_vocab_size < 2:
+            types = torch.zeros_like(ids)  # RoBERTa has a single token type
+        out = self.backbone(input_ids=ids, attention_mask=fusion_input["attention_mask"], token_type_ids=types)
         states = out.last_hidden_state
         return EncoderOutput(cls=states[:, 0], text_states=states)

@@ -1,0 +1,101 @@
+"""Sequence encoders: a registry and a factory, like timm's ``create_model``.
+
+Registered names (every choice below is a config value, see ``configs/encoder/*.yaml``):
+
+``text``        :class:`seqaware.encoders.text.TextEncoder` -- a HF text encoder (RoBERTa / BERT /
+                MiniLM) over the packed step texts.
+``clipvil``     :class:`~seqaware.encoders.fusion.SingleStreamEncoder` over text + the visual
+                backbone's patch / grid tokens (CLIP-ViL: CLS + 49 ViT-B/32 patches).
+``visualbert``  the same over text + RoIAlign region features of the object boxes plus a
+                whole-image feature, with box geometry (VisualBERT on the synthetic data).
+``image``       the same without text: a learned CLS + the images' tokens.
+
+``create_encoder(name, ckpt=None, **cfg)`` builds one; ``ckpt`` then loads the whole encoder from
+an earlier stage (``model.encoder.ckpt=PATH``: a Lightning checkpoint with ``encoder.*`` keys or a
+bare ``encoder.pt``), see :func:`seqaware.encoders.checkpoint.load_encoder_checkpoint`.
+
+Modules are imported lazily inside the factories, so importing the registry is cheap and a
+missing optional dependency only matters for the encoder that needs it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from seqaware.encoders.base import SequenceEncoder, fusion_input, pack_steps
+from seqaware.encoders.checkpoint import load_encoder_checkpoint
+
+__all__ = ["ENCODERS", "register_encoder", "create_encoder", "list_encoders", "load_encoder_checkpoint",
+           "SequenceEncoder", "fusion_input", "pack_steps"]
+
+ENCODERS: dict[str, Callable[..., SequenceEncoder]] = {}
+
+
+def register_encoder(name: str) -> Callable[[Callable[..., SequenceEncoder]], Callable[..., SequenceEncoder]]:
+    """Decorator registering an encoder factory (a class or function returning a SequenceEncoder)."""
+
+    def deco(fn: Callable[..., SequenceEncoder]) -> Callable[..., SequenceEncoder]:
+        if name in ENCODERS:
+            raise ValueError(f"encoder {name!r} is registered twice")
+        ENCODERS[name] = fn
+        return fn
+
+    return deco
+
+
+def list_encoders() -> list[str]:
+    return sorted(ENCODERS)
+
+
+def create_encoder(name: str, ckpt: Optional[str] = None, **cfg: Any) -> SequenceEncoder:
+    """Build the registered encoder ``name`` from its config values; load ``ckpt`` when given."""
+    if name not in ENCODERS:
+        raise ValueError(f"unknown encoder {name!r} (model.encoder.name); choose one of {list_encoders()}")
+    encoder = ENCODERS[name](**cfg)
+    if ckpt:
+        load_encoder_checkpoint(encoder, ckpt)
+    return encoder
+
+
+@register_encoder("text")
+def text_encoder(step_embedding: bool = False, **cfg: Any) -> SequenceEncoder:
+    """Text-only HF encoder (arguments of :class:`seqaware.encoders.text.TextEncoder`).
+
+    ``step_embedding`` is accepted so presets can set it for every encoder alike (the wu2022
+    preset turns it off); the text-only encoder has none, so ``true`` is an error.
+    """
+    from seqaware.encoders.text import TextEncoder
+
+    if step_embedding:
+        raise ValueError("the text encoder has no step embedding (model.encoder.step_embedding must be false); "
+                         "use the clipvil / visualbert / image encoders for step-index embeddings")
+    return TextEncoder(**cfg)
+
+
+@register_encoder("clipvil")
+def clipvil_encoder(**cfg: Any) -> SequenceEncoder:
+    """Text + patch / grid tokens of a visual backbone (CLIP-ViL)."""
+    from seqaware.encoders.fusion import SingleStreamEncoder
+
+    cfg.setdefault("modality", "multimodal")
+    return SingleStreamEncoder(**cfg)
+
+
+@register_encoder("visualbert")
+def visualbert_encoder(**cfg: Any) -> SequenceEncoder:
+    """Text + region features (RoIAlign in object boxes, or cached detector features) + geometry."""
+    from seqaware.encoders.fusion import SingleStreamEncoder
+
+    cfg.setdefault("modality", "multimodal")
+    if cfg.get("visual") is not None and cfg.get("regions") is None:
+        cfg["regions"] = {}
+    cfg.setdefault("geometry", True)
+    return SingleStreamEncoder(**cfg)
+
+
+@register_encoder("image")
+def image_encoder(**cfg: Any) -> SequenceEncoder:
+    """Images only: a learned CLS + every image's tokens (no text input)."""
+    from seqaware.encoders.fusion import SingleStreamEncoder
+
+    cfg.setdefault("modality", "image")
+    return SingleStreamEncoder(**cfg)

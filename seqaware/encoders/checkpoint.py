@@ -1,0 +1,53 @@
+"""Loading encoder weights saved by an earlier stage (pretraining -> fine-tuning).
+
+Accepted files: a Lightning checkpoint (``{"state_dict": {"encoder.<name>": ...}}``, the encoder
+being the module's ``encoder`` attribute) or a bare encoder state dict (``encoder.pt``, written by
+the pretraining module at fit end).  ``model.encoder.ckpt=PATH`` loads the whole encoder;
+``model.encoder.visual_ckpt=PATH`` only its visual backbone (``visual.*``), e.g. CLIP-ViL's tower
+from an image-only pretraining run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+def read_state(path: str | Path, prefix: str = "encoder.") -> dict[str, torch.Tensor]:
+    """The tensors of ``path`` below ``prefix`` (prefix stripped); a bare state dict without any
+    key under ``prefix`` is returned unchanged."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"encoder checkpoint not found: {path}")
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    state = obj.get("state_dict", obj) if isinstance(obj, dict) else None
+    if not isinstance(state, dict) or not state:
+        raise ValueError(f"{path}: expected a Lightning checkpoint or a state dict, got {type(obj).__name__}")
+    if any(k.startswith(prefix) for k in state):
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return state
+
+
+def load_encoder_checkpoint(encoder: nn.Module, path: str | Path, prefix: str = "encoder.",
+                            submodule: Optional[str] = None) -> nn.Module:
+    """Load the encoder (or its ``submodule``, e.g. ``visual``) weights from ``path`` strictly.
+
+    A mismatch raises naming the file and the first missing / unexpected keys -- loading the wrong
+    stage's checkpoint must not silently leave half the model random.
+    """
+    state = read_state(path, prefix)
+    target: nn.Module = encoder
+    if submodule:
+        sub_prefix = submodule + "."
+        if not any(k.startswith(sub_prefix) for k in state):
+            raise ValueError(f"{path}: no '{prefix}{sub_prefix}*' tensors to initialise the {submodule} module from")
+        state = {k[len(sub_prefix):]: v for k, v in state.items() if k.startswith(sub_prefix)}
+        target = encoder.get_submodule(submodule)
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path} does not match the configured {type(target).__name__}"
+                         f"{' (' + submodule + ')' if submodule else ''}: missing {list(missing)[:5]}, "
+                         f"unexpected {list(unexpected)[:5]}")
+    return encoder

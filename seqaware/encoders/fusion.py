@@ -1,0 +1,238 @@
+"""Single-stream multimodal encoder: one transformer over the text and the images of all steps.
+
+Input sequence (Wu et al. 2022, sec. 4; VisualBERT / CLIP-ViL style)::
+
+    [CLS] s_0 tokens [SEP] s_1 tokens [SEP] ... | image_0 tokens | image_1 tokens | ...
+
+* The transformer, word / position / token-type embeddings and embedding LayerNorm are those of a
+  Hugging Face text model (MiniLM offline, RoBERTa-large for the paper preset), fed through
+  ``inputs_embeds`` so text and visual tokens share one embedding pipeline.
+* Visual tokens: ``LayerNorm(Linear(feature))`` of the backbone's patch / grid / region features
+  (region encoders add ``Linear(box geometry)`` inside the LayerNorm): ``projected_visual``.
+* Token types: text 0, image 1.  Models with a single token type (RoBERTa) get a 2-row type
+  embedding, both rows initialised from the pretrained one.
+* Positions: text tokens 0..T-1 (RoBERTa: offset by its padding index as usual); the tokens of each
+  image restart at 0 (patch / region index), so 5 steps x (60 text + 50 patch) tokens fit in a
+  512-position model.
+* Optional step embedding (``step_embedding``): a learned vector per step index added to every
+  text token of step k and every visual token of image k (the step-less CLS / SEP tokens get none).
+* Image-only variant (``modality: image``): no text; a learned CLS vector (initialised from the text
+  model's CLS embedding) starts the sequence.
+
+Visual features reach the encoder in the fusion input (``visual_feats (B, S, P, D)``, see
+:mod:`seqaware.objectives.base`), computed by :meth:`SingleStreamEncoder.visual_features` from
+pixels (once per image) or precomputed (``visual: null`` + ``visual_feature_dim``, e.g. cached
+detector regions).  With ``geometry`` the last 7 feature dims are the box geometry
+(:func:`seqaware.encoders.regions.box_geometry`), so swaps / masking of whole tokens by the
+objectives keep features and boxes together.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import nn
+
+from seqaware.encoders.base import plain_config, SequenceEncoder
+from seqaware.encoders.checkpoint import load_encoder_checkpoint
+from seqaware.encoders.regions import GEOMETRY_DIM, BoxRegionFeatures
+from seqaware.encoders.text import TextEncoder
+from seqaware.encoders.visual import VisualBackbone, create_visual_backbone
+from seqaware.objectives.base import EncoderOutput
+
+MODALITIES = ("multimodal", "image", "text")
+
+
+_plain = plain_config
+
+
+class SingleStreamEncoder(SequenceEncoder):
+    """One HF transformer over text tokens then visual tokens (see the module docstring).
+
+    Args:
+        name_or_path: HF text model (hub id, ``save_pretrained`` folder or ``offline:minilm``) whose
+            transformer and embeddings the encoder uses; ignored when ``config`` is given.
+        config: ``AutoConfig`` fields (with ``model_type``) of a randomly initialised text model.
+        tokenizer: tokenizer whose special ids the encoder records (default: ``name_or_path``).
+        visual: visual backbone config (``name`` + :mod:`seqaware.encoders.visual` arguments) or
+            None for precomputed features of ``visual_feature_dim`` dims.
+        modality: ``multimodal`` (text + images), ``image`` (images only) or ``text`` (no visual part:
+            the text-only ablation of the same encoder, step embedding included).
+        regions: :class:`BoxRegionFeatures` arguments: pool the CNN grid in the batch's object boxes
+            (VisualBERT on the synthetic data); None uses the backbone's token grid (CLIP-ViL).
+        geometry: the visual features carry 7 box-geometry dims (default: True with ``regions``).
+        visual_feature_dim: D of precomputed features (excluding geometry) when ``visual`` is None.
+        step_embedding: add a learned step-index embedding (off in the wu2022 preset).
+        max_steps: size of the step embedding table.
+        attn_implementation: ``sdpa`` (default) or ``eager``.
+        gradient_checkpointing: recompute transformer activations in backward.
+        visual_ckpt: initialise the visual backbone from an image-only pretraining checkpoint.
+    """
+
+    def __init__(self, name_or_path: str = "offline:minilm", config: Optional[Mapping] = None,
+                 tokenizer: Optional[str] = None, visual: Optional[Mapping] = None, modality: str = "multimodal",
+                 regions: Optional[Mapping] = None, geometry: Optional[bool] = None,
+                 visual_feature_dim: Optional[int] = None, step_embedding: bool = True, max_steps: int = 16,
+                 attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
+                 visual_ckpt: Optional[str] = None):
+        super().__init__()
+        if modality not in MODALITIES:
+            raise ValueError(f"SingleStreamEncoder modality must be one of {MODALITIES}, got {modality!r}")
+        self.modality = modality
+        text_enc = TextEncoder(name_or_path=name_or_path, config=_plain(config) or None, tokenizer=tokenizer,
+                               attn_implementation=attn_implementation,
+                               gradient_checkpointing=gradient_checkpointing)
+        self.backbone = text_enc.backbone
+        for attr in ("cls_token_id", "pad_token_id", "mask_token_id", "special_token_ids", "vocab_size", "hidden_size"):
+            setattr(self, attr, getattr(text_enc, attr))
+        hf_cfg = self.backbone.config
+        H = self.hidden_size
+        emb = self.backbone.embeddings
+        if getattr(emb, "token_type_embeddings", None) is None:
+            raise ValueError(f"text model {name_or_path!r} has no token-type embeddings to mark image tokens")
+        if emb.token_type_embeddings.num_embeddings < 2:
+            old = emb.token_type_embeddings
+            new = nn.Embedding(2, H).to(old.weight.device, old.weight.dtype)
+            with torch.no_grad():
+                new.weight.copy_(old.weight[0].expand(2, H))
+            emb.token_type_embeddings = new
+            hf_cfg.type_vocab_size = 2
+        # RoBERTa-style position ids start after the padding index
+        self.position_offset = int(emb.padding_idx) + 1 if hasattr(emb, "padding_idx") else 0
+        self.max_positions = int(hf_cfg.max_position_embeddings)
+        init_std = float(getattr(hf_cfg, "initializer_range", 0.02))
+        eps = float(getattr(hf_cfg, "layer_norm_eps", 1e-12))
+
+        self.visual: Optional[VisualBackbone] = None
+        self.regions = None
+        self.geometry = False
+        self.visual_proj = self.geometry_proj = self.visual_norm = None
+        self.visual_feature_dim = 0
+        if self.uses_images:  # modality text: the same encoder without any visual part (text-only ablations)
+            vis_cfg = _plain(visual)
+            self.visual = create_visual_backbone(**vis_cfg) if vis_cfg else None
+            self.regions = BoxRegionFeatures(**_plain(regions)) if regions is not None else None
+            if self.regions is not None and (self.visual is None or not self.visual.is_grid):
+                raise ValueError("regions need a CNN grid backbone (backbones.visual.name: efficientnet_lite0 or resnet50)")
+            self.geometry = bool(self.regions is not None if geometry is None else geometry)
+            if self.visual is not None:
+                feat_dim = self.visual.out_dim
+            elif visual_feature_dim:
+                feat_dim = int(visual_feature_dim)
+            else:
+                raise ValueError("SingleStreamEncoder needs a visual backbone (visual.name) or visual_feature_dim")
+            self.visual_feature_dim = feat_dim
+            self.visual_proj = nn.Linear(feat_dim, H)
+            self.geometry_proj = nn.Linear(GEOMETRY_DIM, H) if self.geometry else None
+            self.visual_norm = nn.LayerNorm(H, eps=eps)
+        self.max_steps = int(max_steps)
+        self.step_embedding = nn.Embedding(self.max_steps, H) if step_embedding else None
+        if self.step_embedding is not None:
+            nn.init.normal_(self.step_embedding.weight, std=init_std)
+        if modality == "image":
+            self.cls_embedding = nn.Parameter(self.word_embeddings.weight[self.cls_token_id].detach().clone())
+            # no text input: the word embeddings are never used (frozen, so DDP sees no unused parameters)
+            self.word_embeddings.weight.requires_grad_(False)
+        if visual_ckpt:
+            if self.visual is None:
+                raise ValueError("visual_ckpt given but the encoder has no visual backbone (visual: null)")
+            load_encoder_checkpoint(self, visual_ckpt, submodule="visual")
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        """The text model's input embedding matrix (tie an MLM head's decoder to it)."""
+        return self.backbone.get_input_embeddings()
+
+    @property
+    def image_mean(self) -> tuple[float, ...]:
+        return self.visual.mean if self.visual is not None else ()
+
+    @property
+    def image_std(self) -> tuple[float, ...]:
+        return self.visual.std if self.visual is not None else ()
+
+    def visual_features(self, pixel_values: torch.Tensor, boxes: Optional[torch.Tensor] = None,
+                        box_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``pixels (N, 3, H, W)`` -> ``(feats (N, P, D[+7]), patch_mask (N, P) | None)``."""
+        if self.visual is None:
+            raise ValueError("this encoder reads precomputed visual features (visual: null); "
+                             "put them in the fusion input's 'visual_feats'")
+        if self.regions is None:
+            return self.visual(pixel_values), None
+        if boxes is None or box_mask is None:
+            raise ValueError("the region encoder needs object boxes: set data.collator.max_boxes > 0 "
+                             "(the synthetic data records them)")
+        feats, geometry, mask = self.regions(self.visual.grid(pixel_values), boxes, box_mask)
+        return torch.cat([feats, geometry.to(feats.dtype)], dim=-1), mask
+
+    def project_visual(self, feats: torch.Tensor) -> torch.Tensor:
+        """``(..., D[+7])`` visual features -> ``(..., H)`` input tokens (Linear [+ geometry] + LayerNorm)."""
+        feats = feats.to(self.visual_proj.weight.dtype)
+        if self.geometry_proj is not None:
+            x = self.visual_proj(feats[..., :-GEOMETRY_DIM]) + self.geometry_proj(feats[..., -GEOMETRY_DIM:])
+        else:
+            x = self.visual_proj(feats)
+        return self.visual_norm(x)
+
+    def _step_vectors(self, step: torch.Tensor) -> torch.Tensor:
+        """Step embeddings of ``step`` ids (-1 -> zeros)."""
+        assert self.step_embedding is not None
+        if step.numel() and int(step.max()) >= self.max_steps:
+            raise ValueError(f"step index {int(step.max())} >= max_steps={self.max_steps} (model.encoder.max_steps)")
+        vec = self.step_embedding(step.clamp(min=0))
+        return vec * (step >= 0)[..., None].to(vec.dtype)
+
+    def forward(self, fusion_input: dict) -> EncoderOutput:
+        embeds, masks, types, positions = [], [], [], []
+        H = self.hidden_size
+        if self.uses_text:
+            ids = fusion_input["input_ids"]
+            B, T = ids.shape
+            device = ids.device
+            text = self.word_embeddings(ids)
+            step = fusion_input.get("text_step")
+            if self.step_embedding is not None and step is not None:
+                text = text + self._step_vectors(step)
+            embeds.append(text)
+            masks.append(fusion_input["attention_mask"].bool())
+            positions.append(torch.arange(T, device=device).expand(B, T))
+        else:
+            feats = fusion_input["visual_feats"]
+            B, T, device = feats.shape[0], 1, feats.device
+            embeds.append(self.cls_embedding.expand(B, 1, H))
+            masks.append(torch.ones(B, 1, dtype=torch.bool, device=device))
+            positions.append(torch.zeros(B, 1, dtype=torch.long, device=device))
+        types.append(torch.zeros(B, T, dtype=torch.long, device=device))
+        if T - 1 + self.position_offset >= self.max_positions:
+            raise ValueError(f"{T} text tokens exceed the text model's {self.max_positions} positions; "
+                             "lower data.collator.max_tokens or data.view.max_steps")
+
+        projected = None
+        S = P = 0
+        if self.uses_images:
+            feats = fusion_input["visual_feats"]
+            S, P = feats.shape[1], feats.shape[2]
+            projected = self.project_visual(feats)  # (B, S, P, H)
+            vis = projected
+            if self.step_embedding is not None:
+                vis = vis + self._step_vectors(torch.arange(S, device=device))[None, :, None, :]
+            vmask = fusion_input["visual_mask"].bool()[:, :, None].expand(B, S, P)
+            patch_mask = fusion_input.get("patch_mask")
+            if patch_mask is not None:
+                vmask = vmask & patch_mask.bool()
+            embeds.append(vis.reshape(B, S * P, H))
+            masks.append(vmask.reshape(B, S * P))
+            types.append(torch.ones(B, S * P, dtype=torch.long, device=device))
+            positions.append(torch.arange(P, device=device).repeat(S).expand(B, S * P))
+
+        inputs = torch.cat(embeds, dim=1).to(self.word_embeddings.weight.dtype)
+        out = self.backbone(inputs_embeds=inputs, attention_mask=torch.cat(masks, dim=1).long(),
+                            token_type_ids=torch.cat(types, dim=1),
+                            position_ids=torch.cat(positions, dim=1) + self.position_offset)
+        states = out.last_hidden_state
+        return EncoderOutput(
+            cls=states[:, 0],
+            text_states=states[:, :T] if self.uses_text else None,
+            patch_states=states[:, T:].reshape(B, S, P, H) if self.uses_images else None,
+            projected_visual=projected,
+        )
