@@ -262,3 +262,17 @@ def test_decoding_choice_is_validated():
         with torch.no_grad():
             orders = module.decode(module.encode(_batch("text")))
         assert [sorted(o) for o in orders] == [list(range(5)), list(range(3))]
+
+
+def test_single_stream_encoder_text_ablation_has_no_visual_part():
+    from seqaware.encoders import create_encoder
+
+    enc = create_encoder("clipvil", modality="text", config=TINY_BERT, tokenizer="offline:minilm", visual=TINY_VIT)
+    assert enc.visual is None and enc.visual_proj is None and not enc.uses_images
+    assert not any("visual" in name for name, _ in enc.named_parameters())
+    module = _module("text")
+    module.encoder = enc
+    module.decoder = type(module.decoder)(enc.hidden_size, paragraph_heads=4)
+    with torch.no_grad():
+        orders = module.eval().decode(module.encode(_batch("text")))
+    assert [sorted(o) for o in orders] == [list(range(5)), list(range(3))]

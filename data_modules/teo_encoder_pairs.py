@@ -1,0 +1,163 @@
+"""TEO pairs for pairwise encoder heads (``experiment=teo_head_rfg``): step A and step B as a
+sentence pair, a 3-way label, and CaT-Bench yes/no questions as the test set.
+
+* train: :func:`data_modules.tasks.teo.teo_training_pairs` of the train procedures (dependent pairs
+  in both presentations, independent pairs once);
+* val: the original and swapped sets of the val procedures (:func:`teo_eval_sets`), scored with
+  TEO consistency accuracy;
+* test: CaT-Bench questions (``eval_path``, JSON lines; ``label`` yes/no kept as gold).  A question
+  about (first, second) with direction ``before`` is presented as (first, second) and answered yes
+  when the head says ``before``; with direction ``after`` as (second, first), yes when it says
+  ``after``.  Plans of the evaluation file are removed from training by default
+  (``exclude_eval_plans``: r-FG recipe ids = ``efg_recipe_id``), so no test recipe is trained on.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from data_modules.collate import first_sentences
+from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs
+from seqaware.pretrained import load_tokenizer
+from seqaware.procedure import Procedure
+
+log = logging.getLogger(__name__)
+
+LABELS = ("before", "after", "independent")
+LABEL_ID = {name: i for i, name in enumerate(LABELS)}
+CATBENCH_FIELDS = ("steps", "first_step_idx", "second_step_idx", "direction", "label")
+
+
+def read_catbench(path: str | Path) -> list[dict[str, Any]]:
+    """CaT-Bench questions as pair items (errors name file, line and field)."""
+    items = []
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.eval_path: no such file: {path}")
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            q = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{line_no}: ?: json: {err.msg}") from None
+        qid = f"{q.get('plan_idx', '?')}-{q.get('question_idx', line_no)}"
+        for field in CATBENCH_FIELDS:
+            if field not in q:
+                raise ValueError(f"{path}:{line_no}: {qid}: {field}: missing field")
+        direction, label = str(q["direction"]).lower(), str(q["label"]).strip().lower()
+        if direction not in ("before", "after") or label not in ("yes", "no"):
+            raise ValueError(f"{path}:{line_no}: {qid}: direction/label: expected before|after and yes|no, "
+                             f"got {q['direction']!r}, {q['label']!r}")
+        first, second = int(q["first_step_idx"]), int(q["second_step_idx"])
+        if not (0 <= first < len(q["steps"]) and 0 <= second < len(q["steps"])):
+            raise ValueError(f"{path}:{line_no}: {qid}: first_step_idx/second_step_idx: outside the {len(q['steps'])} steps")
+        a, b = (first, second) if direction == "before" else (second, first)
+        items.append({"pair_id": qid, "text_a": q["steps"][a], "text_b": q["steps"][b], "direction": direction,
+                      "answer": label, "plan": q.get("efg_recipe_id"), "question_type": q.get("question_type")})
+    return items
+
+
+def _pair_item(pair: dict[str, Any], set_name: str) -> dict[str, Any]:
+    return {"pair_id": pair["pair_id"], "text_a": pair["step_a"]["text"] or "", "text_b": pair["step_b"]["text"] or "",
+            "label": pair["label"], "set": set_name, "pair": pair}
+
+
+class PairCollator:
+    """Tokenises both steps of each pair: ``input_ids`` / ``attention_mask`` (N, 2, L), ``labels`` (N,)."""
+
+    def __init__(self, tokenizer: Any, max_tokens: int = 60, max_sentences: int = 5):
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.max_sentences = max_sentences
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        texts = [first_sentences(t, self.max_sentences) for it in items for t in (it["text_a"], it["text_b"])]
+        enc = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_tokens, return_tensors="pt")
+        n = len(items)
+        return {"input_ids": enc["input_ids"].view(n, 2, -1), "attention_mask": enc["attention_mask"].view(n, 2, -1),
+                "labels": torch.tensor([LABEL_ID.get(it.get("label"), -100) for it in items]),
+                "meta": items}
+
+
+class TeoEncoderPairsDataModule(pl.LightningDataModule):
+    """Procedures with DAGs -> TEO pair batches for an encoder head; CaT-Bench questions for testing.
+
+    Args:
+        source: callable returning ``{split: [Procedure]}`` (e.g. the r-FG adapter source).
+        eval_path: CaT-Bench questions JSONL (the test set); None tests on the test procedures' TEO sets.
+        exclude_eval_plans: drop procedures whose id is a plan of ``eval_path`` from train/val.
+        tokenizer, max_tokens, max_sentences: text handling (per step).
+        batch_size / eval_batch_size, num_workers, seed.
+    """
+
+    def __init__(self, source: Callable[[], dict[str, list[Procedure]]], eval_path: Optional[str] = None,
+                 exclude_eval_plans: bool = True, tokenizer: str = "offline:minilm", max_tokens: int = 60,
+                 max_sentences: int = 5, batch_size: int = 32, eval_batch_size: int = 64, num_workers: int = 0,
+                 seed: int = 0):
+        super().__init__()
+        self.source = source
+        self.eval_path = eval_path
+        self.exclude_eval_plans = exclude_eval_plans
+        self.tokenizer_name = tokenizer
+        self.max_tokens, self.max_sentences = max_tokens, max_sentences
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers, self.seed = num_workers, seed
+        self.items: dict[str, list[dict[str, Any]]] = {}
+        self.eval_sets: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self._collator: Optional[PairCollator] = None
+
+    @property
+    def collator(self) -> PairCollator:
+        if self._collator is None:
+            self._collator = PairCollator(load_tokenizer(self.tokenizer_name), self.max_tokens, self.max_sentences)
+        return self._collator
+
+    def prepare_data(self) -> None:
+        self.source()
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.items:
+            return
+        splits = self.source()
+        questions = read_catbench(self.eval_path) if self.eval_path else None
+        held_out = {q["plan"] for q in questions or [] if q["plan"]} if self.exclude_eval_plans else set()
+        dropped = 0
+        for name in ("train", "val", "test"):
+            procs = [p for p in splits.get(name, []) if p.id not in held_out]
+            dropped += len(splits.get(name, [])) - len(procs)
+            splits[name] = procs
+        if dropped:
+            log.info("teo pairs: %d procedures that are plans of %s left out of training/validation", dropped, self.eval_path)
+        self.items["train"] = [_pair_item(p, "train") for p in teo_training_pairs(splits["train"], seed=self.seed)]
+        for name in ("val", "test"):
+            sets = teo_eval_sets(splits.get(name, []))
+            self.eval_sets[name] = sets
+            # each pair next to its swapped presentation, so a partial pass (limit_val_batches) scores whole pairs
+            self.items[name] = [_pair_item(p, s) for o, w in zip(sets["original"], sets["swapped"])
+                                for p, s in ((o, "original"), (w, "swapped"))]
+        if questions is not None:
+            self.items["test"] = [dict(q, set="catbench") for q in questions]
+        for name, items in self.items.items():
+            if not items:
+                raise ValueError(f"teo pairs: the {name} split has no pairs (do its procedures have DAGs?)")
+        log.info("teo pairs: %s", {k: len(v) for k, v in self.items.items()})
+
+    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+        return DataLoader(self.items[split], batch_size=batch_size, shuffle=shuffle, collate_fn=self.collator,
+                          num_workers=self.num_workers, generator=torch.Generator().manual_seed(self.seed))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False, self.eval_batch_size)

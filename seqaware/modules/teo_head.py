@@ -1,0 +1,135 @@
+"""A 3-way pairwise TEO head (before / after / independent) on a sequence encoder.
+
+The cheap baseline beyond MATEO: the pair ``[CLS] step_A [SEP] step_B [SEP]`` (BERT segments 0/1)
+runs through a sequence encoder (~100M parameters or less) and a linear head on [CLS] classifies
+the relation, so an encoder can be compared with an 8B VLM on the same TEO metrics.
+
+Validation: TEO consistency accuracy, per-class F1 and baselines on the original + swapped sets
+(:mod:`seqaware.metrics.teo`).  Test: TEO sets again, or CaT-Bench yes/no questions
+(``meta[*]["set"] == "catbench"``): accuracy, dependent F1 (the ``yes`` class) and macro F1 beside
+the trivial baselines.  Test predictions are kept in :attr:`test_predictions` for ``train.py``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from torch import nn
+
+from seqaware.encoders.base import SequenceEncoder, pack_steps
+from seqaware.metrics.iso import binary_rows, format_table
+from seqaware.metrics.teo import teo_rows, teo_table
+from seqaware.modules.base import SeqawareModule, as_container
+
+log = logging.getLogger(__name__)
+
+LABELS = ("before", "after", "independent")
+BINARY_COLUMNS = (("accuracy", "accuracy"), ("f1_yes", "dependent F1"), ("macro_f1", "macro F1"), ("n", "n"))
+
+
+class TeoHeadModule(SeqawareModule):
+    """Sequence encoder + dropout + ``Linear(H, 3)`` trained with cross-entropy on TEO pairs."""
+
+    def __init__(self, encoder: dict, optimizer: dict, scheduler: Optional[dict] = None, dropout: float = 0.1,
+                 head_lr: Optional[float] = None):
+        super().__init__()
+        self.save_hyperparameters({"encoder": as_container(encoder), "optimizer": as_container(optimizer),
+                                   "scheduler": as_container(scheduler), "dropout": dropout, "head_lr": head_lr})
+        self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
+        if not self.encoder.uses_text:
+            raise ValueError("the TEO head reads step texts: use a text or multimodal encoder (model.encoder)")
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.hidden_size, len(LABELS)))
+        self._outputs: dict[str, list[tuple[dict, str]]] = {"val": [], "test": []}
+        self.test_predictions: list[dict] = []
+        self.test_rows: dict[str, dict[str, Any]] = {}
+
+    def param_groups(self) -> list[dict]:
+        head = {"params": list(self.head.parameters())}
+        if self.hparams.head_lr is not None:
+            head["lr"] = float(self.hparams.head_lr)
+        return [{"params": [p for p in self.encoder.parameters() if p.requires_grad]}, head]
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        fusion = pack_steps(batch["input_ids"], batch["attention_mask"], None,
+                            self.encoder.cls_token_id, self.encoder.pad_token_id)
+        if self.encoder.modality == "text":  # BERT sentence-pair segments
+            fusion["token_type_ids"] = (((fusion["text_step"] == 1).long().cumsum(1) > 0)
+                                        & fusion["attention_mask"].bool()).long()
+        return self.head(self.encoder(fusion).cls)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        logits = self(batch)
+        loss = F.cross_entropy(logits, batch["labels"])
+        n = len(batch["meta"])
+        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        self.log("train/acc", (logits.argmax(-1) == batch["labels"]).float().mean(), batch_size=n)
+        return loss
+
+    def _eval_step(self, stage: str, batch: dict) -> None:
+        logits = self(batch)
+        if (batch["labels"] >= 0).any():
+            loss = F.cross_entropy(logits, batch["labels"], ignore_index=-100)
+            self.log(f"{stage}/loss", loss, batch_size=len(batch["meta"]))
+        for item, k in zip(batch["meta"], logits.argmax(-1).tolist()):
+            self._outputs[stage].append((item, LABELS[k]))
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def on_validation_epoch_start(self) -> None:
+        self._outputs["val"] = []
+
+    def on_test_epoch_start(self) -> None:
+        self._outputs["test"] = []
+
+    def _report(self, stage: str) -> dict[str, dict[str, Any]]:
+        outputs = self._outputs[stage]
+        catbench = [(item, pred) for item, pred in outputs if item.get("set") == "catbench"]
+        if catbench:
+            gold = [item["answer"] for item, _ in catbench]
+            # "before" questions are presented (first, second), "after" ones (second, first)
+            answers = ["yes" if pred == item["direction"] else "no" for item, pred in catbench]
+            rows = binary_rows(gold, {"teo head": answers})
+            self.log_dict({f"{stage}/catbench_{k}": float(rows["teo head"][k]) for k in ("accuracy", "f1_yes", "macro_f1")})
+            majority = next(name for name in rows if name.startswith("majority"))
+            self.log_dict({f"{stage}/majority_{k}": float(rows[majority][k]) for k in ("accuracy", "f1_yes", "macro_f1")})
+            if stage == "test":
+                self.test_predictions = [{"id": item["pair_id"], "direction": item["direction"], "pred_relation": pred,
+                                          "answer": ans, "gold": item["answer"]}
+                                         for (item, pred), ans in zip(catbench, answers)]
+            log.info("%s CaT-Bench questions:\n%s", stage, format_table(rows, BINARY_COLUMNS))
+            return rows
+        original = [(item["pair"], pred) for item, pred in outputs if item.get("set") == "original"]
+        swapped = [(item["pair"], pred) for item, pred in outputs if item.get("set") == "swapped"]
+        # consistency needs both presentations of a pair: with limit_*_batches some may be unseen
+        key = lambda pair: (pair["procedure_id"], min(pair["a"], pair["b"]), max(pair["a"], pair["b"]))  # noqa: E731
+        both = {key(p) for p, _ in original} & {key(p) for p, _ in swapped}
+        if len(both) < len(original) or len(both) < len(swapped):
+            log.warning("%s: %d of %d pairs were seen in both presentations; scoring those only",
+                        stage, len(both), max(len(original), len(swapped)))
+            original = [(p, y) for p, y in original if key(p) in both]
+            swapped = [(p, y) for p, y in swapped if key(p) in both]
+        if not original:
+            return {}
+        rows = teo_rows([p for p, _ in original], [p for p, _ in swapped],
+                        {"teo head": ({p["pair_id"]: y for p, y in original}, {p["pair_id"]: y for p, y in swapped})})
+        ours = rows["teo head"]
+        self.log_dict({f"{stage}/teo_{k}": float(ours[k]) for k in
+                       ("consistency_accuracy", "macro_f1", "f1_before", "f1_after", "f1_independent")})
+        self.log(f"{stage}/majority_consistency_accuracy", float(rows["majority"]["consistency_accuracy"]))
+        if stage == "test":
+            self.test_predictions = [{"id": p["pair_id"], "pred": y, "gold": p["label"]} for p, y in original + swapped]
+        log.info("%s TEO pairs:\n%s", stage, teo_table(rows))
+        return rows
+
+    def on_validation_epoch_end(self) -> None:
+        self._report("val")
+
+    def on_test_epoch_end(self) -> None:
+        self.test_rows = self._report("test")
