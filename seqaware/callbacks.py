@@ -28,8 +28,8 @@ class CategoryReport(pl.Callback):
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         records = getattr(pl_module, "test_predictions", None)
-        if not trainer.is_global_zero or not records:
-            return
+        if not trainer.is_global_zero or not records or "references" not in records[0]:
+            return  # only ordering predictions (pred + references) have a per-category ordering report
         table = per_category(records, self.level)
         label = getattr(pl_module.hparams, "get", lambda *_: None)("modality") or "model"
         with atomic_open(self.output_dir / "category_report.json") as fh:

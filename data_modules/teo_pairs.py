@@ -1,0 +1,366 @@
+"""TEO fine-tuning data: procedures -> TEO pairs -> InternVL chat batches with answer-only labels.
+
+Pairs come from :mod:`data_modules.tasks.teo` (MATEO construction):
+
+* train: :func:`~data_modules.tasks.teo.teo_training_pairs` -- dependent pairs in both
+  presentations (``before`` and ``after`` exactly balanced), independent pairs once;
+* val / test: :func:`~data_modules.tasks.teo.teo_eval_sets` -- the ``original`` set followed by the
+  ``swapped`` set (each pair carries ``set``), so the module can score consistency accuracy.
+
+Each pair becomes the chat prompt ``build_teo_prompt(strategy, modality, A, B)`` (default strategy
+``instructions``); the training target is that strategy's answer to the three questions, taken from
+``configs/prompts/teo.yaml`` (``question_answers``: e.g. ``"Q1: Yes\\nQ2: No\\nQ3: No"``).
+
+:class:`TeoChatCollator` renders prompt (+ answer) with the processor's chat template and runs the
+processor once per batch. Training batches are right-padded and carry ``labels`` equal to
+``input_ids`` on the assistant answer tokens (answer + ``<|im_end|>`` + the template's newline)
+and ``-100`` everywhere else (system, user prompt, image tokens, padding). Evaluation batches hold
+the left-padded prompts only (for ``generate``) plus the pair records.
+
+:class:`LengthBucketBatchSampler` groups training pairs of similar length into micro-batches
+(``mateo_fast``): less padding, same data per epoch, order a pure function of (seed, epoch).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Iterator, Sequence
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from data_modules.images import ImageLoadError, open_rgb
+from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs
+from data_modules.views import EpochSampler
+from seqaware.procedure import Procedure, resolve_path
+from seqaware.teo import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
+from seqaware.teo.prompts import load_templates
+from seqaware.teo.vlm import load_processor
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+def resolve_pair_images(pair: dict[str, Any], root: str | None) -> dict[str, Any]:
+    """A copy of ``pair`` whose step image paths are absolute (resolved against the procedures folder)."""
+    out = dict(pair)
+    for key in ("step_a", "step_b"):
+        step = dict(pair[key])
+        step["images"] = [str(resolve_path(p, root)) for p in step.get("images") or []]
+        out[key] = step
+    return out
+
+
+class TeoPairDataset(Dataset):
+    """A list of TEO pair dicts (indexable by ``i`` or by an ``(i, epoch)`` key of :class:`EpochSampler`)."""
+
+    def __init__(self, pairs: Sequence[dict[str, Any]], name: str = "teo"):
+        self.pairs = list(pairs)
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
+        index = key[0] if isinstance(key, tuple) else key
+        return self.pairs[int(index)]
+
+
+def pair_length(pair: dict[str, Any], modality: str) -> int:
+    """A length proxy for bucketing: characters of the shown step texts (+ a fixed cost per image).
+
+    The prompt template is the same for every pair, so the variable part of the sequence length is
+    the step descriptions (text modalities) and the number of shown images (one tile each).
+    """
+    length = 0
+    if modality in ("text", "image_text"):
+        length += len(pair["step_a"].get("text") or "") + len(pair["step_b"].get("text") or "")
+    if modality in ("image", "image_text"):
+        length += 1000 * (bool(pair["step_a"].get("images")) + bool(pair["step_b"].get("images")))
+    return length
+
+
+class LengthBucketBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Micro-batches of similar length, for less padding (``mateo_fast``).
+
+    Per epoch: shuffle all indices with ``(seed, epoch)``; cut them into windows of
+    ``batch_size * bucket_factor``; sort each window by length; cut windows into batches; shuffle
+    the batch order. Under DDP each rank takes every ``num_replicas``-th batch (the batch list is
+    padded by repeating its first batches so all ranks get the same count). Yields lists of
+    ``(index, epoch)`` keys, like :class:`~data_modules.views.EpochSampler`.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, bucket_factor: int = 50, shuffle: bool = True,
+                 drop_last: bool = False, seed: int = 0, num_replicas: int = 1, rank: int = 0):
+        if batch_size < 1 or bucket_factor < 1:
+            raise ValueError(f"batch_size and bucket_factor must be >= 1, got {batch_size} and {bucket_factor}")
+        self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
+        self.batch_size, self.bucket_factor = int(batch_size), int(bucket_factor)
+        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, int(seed)
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _batches(self) -> list[list[int]]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        n = len(self.lengths)
+        order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)
+        window = self.batch_size * self.bucket_factor
+        batches: list[list[int]] = []
+        for start in range(0, n, window):
+            chunk = order[start:start + window]
+            chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)]
+            batches += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+        if self.num_replicas > 1 and batches:
+            per_rank = -(-len(batches) // self.num_replicas)
+            batches += batches[: per_rank * self.num_replicas - len(batches)]
+            batches = batches[self.rank::self.num_replicas]
+        return batches
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        return iter([[(i, self.epoch) for i in batch] for batch in self._batches()])
+
+    def __len__(self) -> int:
+        n = len(self.lengths)
+        window = self.batch_size * self.bucket_factor
+        if self.drop_last:
+            count = sum(min(window, n - s) // self.batch_size for s in range(0, n, window))
+        else:
+            count = sum(math.ceil(min(window, n - s) / self.batch_size) for s in range(0, n, window))
+        return -(-count // self.num_replicas) if self.num_replicas > 1 else count
+
+
+class TeoChatCollator:
+    """Pairs -> processor outputs (see the module docstring for padding and labels).
+
+    Args:
+        processor: an InternVL processor (``apply_chat_template`` + ``__call__``).
+        modality: ``image`` | ``text`` | ``image_text`` (which step contents the prompt shows).
+        strategy: a question strategy (``instructions`` by default) whose Yes/No answers are the target.
+        train: True -> prompt + answer with labels (right padding); False -> prompt only (left padding).
+        max_length: optional cap on the sequence length; a longer example raises a clear error
+            (truncating would cut the answer).
+        prompts_dir: folder of the prompt YAML files (default ``configs/prompts``).
+    """
+
+    def __init__(self, processor: Any, modality: str = "image_text", strategy: str = "instructions",
+                 train: bool = True, max_length: int | None = None, prompts_dir: str | None = None):
+        if modality not in MODALITIES:
+            raise ValueError(f"data.modality must be one of {MODALITIES}, got {modality!r}")
+        if strategy not in QUESTION_STRATEGIES:
+            raise ValueError(f"data.strategy must be a Yes/No question strategy {QUESTION_STRATEGIES}, got {strategy!r}")
+        self.processor = processor
+        self.modality, self.strategy, self.train = modality, strategy, train
+        self.max_length = max_length
+        self.prompts_dir = prompts_dir
+        self.answers: dict[str, str] = dict(load_templates("teo", prompts_dir)["question_answers"])
+
+    def _step(self, pair: dict[str, Any], key: str) -> dict[str, Any]:
+        step = pair[key]
+        out: dict[str, Any] = {"text": step.get("text"), "image": None}
+        if self.modality in ("image", "image_text"):
+            images = step.get("images") or []
+            if not images:
+                raise ValueError(f"TEO pair {pair['pair_id']}: field {key}.images is empty but data.modality="
+                                 f"{self.modality} shows step pictures")
+            try:
+                out["image"] = open_rgb(images[0])
+            except ImageLoadError as err:
+                raise ImageLoadError(f"TEO pair {pair['pair_id']}, field {key}.images[0]: {err}") from err
+        return out
+
+    def messages(self, pair: dict[str, Any], with_answer: bool) -> list[dict[str, Any]]:
+        """Chat messages of one pair: the prompt, plus the assistant answer when ``with_answer``."""
+        try:
+            msgs = build_teo_prompt(self.strategy, self.modality, self._step(pair, "step_a"), self._step(pair, "step_b"),
+                                    prompts_dir=self.prompts_dir)
+        except ValueError as err:
+            raise ValueError(f"TEO pair {pair.get('pair_id')}: {err}") from err
+        if with_answer:
+            label = pair["label"]
+            if label not in self.answers:
+                raise ValueError(f"TEO pair {pair.get('pair_id')}: field label={label!r} is not one of {sorted(self.answers)}")
+            msgs = msgs + [{"role": "assistant", "content": [{"type": "text", "text": self.answers[label]}]}]
+        return msgs
+
+    def _encode(self, texts: list[str], images: list[Any], padding_side: str) -> dict[str, torch.Tensor]:
+        out = self.processor(text=texts, images=images or None, padding=True, padding_side=padding_side,
+                             return_tensors="pt", images_kwargs={"crop_to_patches": False})
+        batch = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        if self.max_length is not None and batch["input_ids"].shape[1] > self.max_length:
+            raise ValueError(f"a TEO example has {batch['input_ids'].shape[1]} tokens > data.max_length={self.max_length}")
+        return batch
+
+    def __call__(self, pairs: list[dict[str, Any]]) -> dict[str, Any]:
+        proc = self.processor
+        convs = [self.messages(p, with_answer=self.train) for p in pairs]
+        images = [item["image"] for conv in convs for m in conv for item in m["content"] if item["type"] == "image"]
+        prompts = [proc.apply_chat_template(c if not self.train else c[:-1], tokenize=False, add_generation_prompt=True)
+                   for c in convs]
+        if not self.train:
+            batch = self._encode(prompts, images, "left")
+            batch["pairs"] = pairs
+            return batch
+        full = [proc.apply_chat_template(c, tokenize=False) for c in convs]
+        answers = []
+        for pair, prompt, text in zip(pairs, prompts, full):
+            if not text.startswith(prompt):
+                raise ValueError(f"TEO pair {pair['pair_id']}: the chat template does not render the conversation "
+                                 "as prompt + answer; cannot mask the prompt tokens")
+            answers.append(text[len(prompt):])
+        batch = self._encode(full, images, "right")
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        answer_ids = proc.tokenizer(answers, add_special_tokens=False)["input_ids"]
+        n_answer = torch.tensor([len(a) for a in answer_ids])
+        ends = mask.sum(dim=1)
+        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        keep = (pos >= (ends - n_answer).unsqueeze(1)) & (pos < ends.unsqueeze(1))
+        labels = torch.where(keep, ids, torch.full_like(ids, IGNORE_INDEX))
+        # the answer tokens must be exactly the tail of the sequence (tokenisation splits at the prompt end)
+        for row, (pair, expect) in enumerate(zip(pairs, answer_ids)):
+            if labels[row][keep[row]].tolist() != expect:
+                raise ValueError(f"TEO pair {pair['pair_id']}: the answer tokens are not the tail of the tokenised "
+                                 "conversation; cannot place the labels")
+        batch["labels"] = labels
+        batch["pairs"] = pairs
+        return batch
+
+
+class TeoPairsDataModule(pl.LightningDataModule):
+    """TEO fine-tuning data module (see the module docstring).
+
+    Args:
+        source: callable returning ``{split: [Procedure]}`` (``data_modules.sources``: synthetic or JSONL).
+        processor: ``tiny`` or an InternVL checkpoint name/folder (normally ``${model.name_or_path}``).
+        modality: ``image`` | ``text`` | ``image_text``.
+        strategy: the prompt strategy whose Yes/No answers are trained (``instructions``).
+        resplit: optional ``[train, val, test]`` fractions: pool all procedures and re-split them with
+            :func:`~data_modules.tasks.teo.stratified_split` (stratified by number of steps).
+        batch_size / eval_batch_size: micro-batch sizes (training / generation).
+        bucket_by_length: group training micro-batches by length (:class:`LengthBucketBatchSampler`).
+        bucket_factor: batches per sorting window of the bucketing sampler.
+        max_length: optional sequence length cap (a longer example is an error).
+        max_train_pairs / max_eval_pairs: optional caps (first pairs after the seeded shuffle /
+            first original pairs), for quick runs.
+        num_workers, pin_memory, persistent_workers: DataLoader settings.
+        seed: pair shuffling, split and sampler seed.
+        train_path / val_path / test_path: passed on to file-based sources (``data=jsonl``-style).
+    """
+
+    def __init__(self, source: Callable[..., dict[str, list[Procedure]]], processor: str = "tiny",
+                 modality: str = "image_text", strategy: str = "instructions", resplit: Sequence[float] | None = None,
+                 batch_size: int = 1, eval_batch_size: int = 8, bucket_by_length: bool = False, bucket_factor: int = 50,
+                 max_length: int | None = None, max_train_pairs: int | None = None, max_eval_pairs: int | None = None,
+                 num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False, seed: int = 0,
+                 train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
+                 prompts_dir: str | None = None):
+        super().__init__()
+        if modality not in MODALITIES:
+            raise ValueError(f"data.modality must be one of {MODALITIES}, got {modality!r}")
+        self.source = source
+        self.processor_name = processor
+        self.modality, self.strategy = modality, strategy
+        self.resplit = list(resplit) if resplit is not None else None
+        self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
+        self.bucket_by_length, self.bucket_factor = bucket_by_length, int(bucket_factor)
+        self.max_length = max_length
+        self.max_train_pairs, self.max_eval_pairs = max_train_pairs, max_eval_pairs
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.seed = int(seed)
+        self.prompts_dir = prompts_dir
+        self.source_paths = {k: v for k, v in
+                             {"train_path": train_path, "val_path": val_path, "test_path": test_path}.items() if v is not None}
+        self.datasets: dict[str, TeoPairDataset] = {}
+        self._processor = None
+
+    @property
+    def processor(self) -> Any:
+        if self._processor is None:
+            self._processor = load_processor(self.processor_name)
+        return self._processor
+
+    def collator(self, train: bool) -> TeoChatCollator:
+        return TeoChatCollator(self.processor, self.modality, self.strategy, train=train, max_length=self.max_length,
+                               prompts_dir=self.prompts_dir)
+
+    def _read_source(self) -> dict[str, list[Procedure]]:
+        return self.source(**self.source_paths)
+
+    def prepare_data(self) -> None:
+        self._read_source()  # generate / convert / cache once, on rank 0
+
+    def _splits(self) -> dict[str, list[Procedure]]:
+        splits = self._read_source()
+        if self.resplit is None:
+            return splits
+        pooled = [p for procs in splits.values() for p in procs]
+        return stratified_split(pooled, self.resplit, seed=self.seed)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        for split, procs in self._splits().items():
+            roots = {p.id: p.root for p in procs}
+            if split == "train":
+                pairs = [dict(p, set="train") for p in teo_training_pairs(procs, seed=self.seed)[: self.max_train_pairs]]
+            else:
+                sets = teo_eval_sets(procs)
+                keep = len(sets["original"]) if self.max_eval_pairs is None else self.max_eval_pairs
+                # each original pair directly followed by its swapped twin: any prefix of the loader
+                # (limit_val_batches, fast_dev_run) holds complete pairs for consistency accuracy
+                pairs = [dict(p, set=name) for o, s in zip(sets["original"][:keep], sets["swapped"][:keep])
+                         for name, p in (("original", o), ("swapped", s))]
+            pairs = [resolve_pair_images(p, roots[p["procedure_id"]]) for p in pairs]
+            self.datasets[split] = TeoPairDataset(pairs, name=f"{split} TEO pairs")
+            log.info("TEO %s pairs: %d %s", split, len(pairs), teo_class_counts(pairs))
+
+    def _replicas(self) -> tuple[int, int]:
+        if self.trainer is not None:
+            return self.trainer.world_size, self.trainer.global_rank
+        return 1, 0
+
+    def _dataset(self, split: str) -> TeoPairDataset:
+        if split not in self.datasets:
+            raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)})")
+        if len(self.datasets[split]) == 0:
+            raise ValueError(f"the '{split}' split has no TEO pairs (do its procedures have a 'dag'?)")
+        return self.datasets[split]
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                "persistent_workers": self.persistent_workers,
+                "generator": torch.Generator().manual_seed(self.seed)}  # never consumes the global RNG
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = self._dataset("train")
+        replicas, rank = self._replicas()
+        if self.bucket_by_length:
+            lengths = [pair_length(p, self.modality) for p in dataset.pairs]
+            batch_sampler = LengthBucketBatchSampler(lengths, self.batch_size, self.bucket_factor, shuffle=True,
+                                                     seed=self.seed, num_replicas=replicas, rank=rank)
+            return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=self.collator(True), **self._loader_kwargs())
+        sampler = EpochSampler(len(dataset), shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank)
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collator(True),
+                          **self._loader_kwargs())
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        dataset = self._dataset(split)
+        replicas, rank = self._replicas()
+        sampler = EpochSampler(len(dataset), shuffle=False, seed=self.seed, num_replicas=replicas, rank=rank)
+        return DataLoader(dataset, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=self.collator(False),
+                          **self._loader_kwargs())
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")

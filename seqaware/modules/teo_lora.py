@@ -1,0 +1,249 @@
+"""LoRA fine-tuning of InternVL for Temporal Execution Order (MATEO recipe).
+
+The network is built from the module's own hyper-parameters (``name_or_path: tiny`` -> the tiny
+random InternVL of :mod:`seqaware.teo.vlm`; anything else -> the real checkpoint through
+:func:`seqaware.teo.vlm.load_internvl`), wrapped with PEFT LoRA, and trained with the causal LM loss
+on the answer tokens only (the data module puts ``-100`` everywhere else).
+
+* LoRA (r 16, alpha 32 by default) on the language model's q/k/v/o projections only
+  (``lora.target: language``); ``language_vision`` adds the vision tower's attention projections,
+  ``all_linear`` every linear layer but the output head. Everything else (vision tower, projector,
+  embeddings, MLPs) stays frozen.
+* Validation / test: greedy generation on the original + swapped pairs, parsed with
+  :func:`seqaware.teo.parse_teo_answer`, scored with :func:`seqaware.metrics.teo.teo_report` and
+  logged as ``val/teo_consistency_accuracy``, ``val/teo_macro_f1``, ... (``test/...``).
+* Checkpoints hold only the trainable (LoRA) parameters: the frozen base is rebuilt from the config
+  when a checkpoint is loaded (``load_from_checkpoint`` works), so a checkpoint of the 8B recipe is
+  a few tens of MB, not 16 GB.
+* At the end of ``fit`` the adapter is written in PEFT format to ``adapter_dir`` (default: the run
+  folder's ``adapter/``; loadable with ``PeftModel.from_pretrained``), from the best checkpoint of
+  the monitored ``ModelCheckpoint`` when there is one, else from the final weights. With
+  ``merge_adapter: true`` the merged full model (+ processor) also goes to ``adapter_dir/merged``.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from seqaware.metrics.teo import teo_report
+from seqaware.modules.base import SeqawareModule, as_container
+from seqaware.teo import parse_teo_answer
+from seqaware.teo.vlm import apply_lora, build_tiny_internvl, load_internvl
+
+log = logging.getLogger(__name__)
+
+REPORT_KEYS = ("consistency_accuracy", "consistency_dependent", "consistency_independent", "f1_before",
+               "f1_after", "f1_independent", "macro_f1", "other_rate", "accuracy_original", "accuracy_swapped")
+
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"model.dtype must be a torch dtype name (float32, bfloat16, float16), got {name!r}")
+    return value
+
+
+class TeoLoraModule(SeqawareModule):
+    """InternVL + PEFT LoRA for TEO (see the module docstring).
+
+    Args:
+        name_or_path: ``tiny`` or an InternVL checkpoint in the HF format (``OpenGVLab/InternVL3_5-8B-HF``).
+        tiny: architecture overrides of the tiny model (``text_hidden``, ``text_layers``, ...).
+        init_seed: seed of the tiny model's random initialisation (the frozen base is rebuilt from it).
+        dtype: weight dtype of the base model (``bfloat16`` on GPU; LoRA weights are kept in float32).
+        attn_implementation: attention kernel of real checkpoints (``sdpa``, ``flash_attention_2``, ``eager``).
+        lora: ``{r, alpha, dropout, target: language|language_vision|all_linear, bias}``.
+        gradient_checkpointing: recompute activations in the backward pass (saves memory on GPU).
+        strategy: prompt strategy whose answers are parsed (must match ``data.strategy``).
+        max_new_tokens: generation budget of an answer (``Q1: Yes\\nQ2: No\\nQ3: No`` is ~15 tokens).
+        adapter_dir: where the PEFT adapter is saved at the end of fit (None: ``<run folder>/adapter``).
+        merge_adapter: also save the merged full model to ``adapter_dir/merged``.
+        optimizer / scheduler: see :class:`~seqaware.modules.base.SeqawareModule`.
+    """
+
+    def __init__(self, name_or_path: str = "tiny", tiny: dict | None = None, init_seed: int = 0, dtype: str = "float32",
+                 attn_implementation: str | None = "sdpa", lora: dict | None = None, gradient_checkpointing: bool = False,
+                 strategy: str = "instructions", max_new_tokens: int = 16, adapter_dir: str | None = None,
+                 merge_adapter: bool = False, optimizer: dict | None = None, scheduler: dict | None = None):
+        super().__init__()
+        self.save_hyperparameters({
+            "name_or_path": name_or_path, "tiny": as_container(tiny), "init_seed": init_seed, "dtype": dtype,
+            "attn_implementation": attn_implementation, "lora": as_container(lora), "gradient_checkpointing": gradient_checkpointing,
+            "strategy": strategy, "max_new_tokens": max_new_tokens, "adapter_dir": adapter_dir,
+            "merge_adapter": merge_adapter, "optimizer": as_container(optimizer) or {"_target_": "torch.optim.AdamW", "lr": 1e-4},
+            "scheduler": as_container(scheduler),
+        })
+        self.model, self.processor = self._build(name_or_path, tiny or {}, init_seed, dtype, attn_implementation, lora or {})
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.config.use_cache = False
+        # checkpoints hold the trainable parameters only (see on_save_checkpoint / on_load_checkpoint)
+        self.strict_loading = False
+        self._eval_buffer: list[dict[str, Any]] = []
+        self.test_predictions: list[dict[str, Any]] | None = None
+
+    @staticmethod
+    def _build(name: str, tiny: dict, seed: int, dtype: str, attn: str | None, lora: dict) -> tuple[Any, Any]:
+        if name == "tiny":
+            base, processor = build_tiny_internvl(seed, **tiny)
+            base = base.to(_dtype(dtype))
+        else:
+            base, processor = load_internvl(name, dtype=_dtype(dtype), attn_implementation=attn)
+        return apply_lora(base, lora), processor
+
+    # ------------------------------------------------------------------ training
+    def _inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if "pixel_values" in batch:
+            inputs["pixel_values"] = batch["pixel_values"].to(self.model.get_base_model().model.vision_tower.dtype)
+        return inputs
+
+    def forward(self, batch: dict[str, Any]) -> Any:
+        return self.model(**self._inputs(batch), labels=batch.get("labels"))
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss = self(batch).loss
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    # ---------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def generate_answers(self, batch: dict[str, Any]) -> list[str]:
+        """Greedy answers (decoded text after the prompt) for a left-padded prompt batch."""
+        inputs = self._inputs(batch)
+        out = self.model.generate(**inputs, max_new_tokens=self.hparams.max_new_tokens, do_sample=False,
+                                  use_cache=True)
+        new = out[:, inputs["input_ids"].shape[1]:]
+        return self.processor.tokenizer.batch_decode(new, skip_special_tokens=True)
+
+    def _eval_step(self, batch: dict[str, Any]) -> None:
+        answers = self.generate_answers(batch)
+        for pair, text in zip(batch["pairs"], answers):
+            self._eval_buffer.append({
+                "pair_id": pair["pair_id"], "procedure_id": pair["procedure_id"], "set": pair["set"],
+                "a": pair["a"], "b": pair["b"], "label": pair["label"],
+                "pred": parse_teo_answer(text, self.hparams.strategy), "output": text,
+            })
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_buffer = []
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_buffer = []
+
+    def _gathered(self) -> list[dict[str, Any]]:
+        """This epoch's records from every rank, each (set, pair_id) once (samplers pad by repeats)."""
+        parts = [self._eval_buffer]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            parts = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(parts, self._eval_buffer)
+        seen, merged = set(), []
+        for part in parts:
+            for rec in part:
+                key = (rec["set"], rec["pair_id"])
+                if key not in seen:
+                    seen.add(key)
+                    merged.append(rec)
+        return merged
+
+    def _report(self, stage: str) -> dict[str, float]:
+        records = self._gathered()
+        self._eval_buffer = []
+        original = [r for r in records if r["set"] == "original"]
+        swapped_ids = {r["pair_id"] for r in records if r["set"] == "swapped"}
+        # limit_*_batches may cut a pair's swapped twin off: score complete pairs only
+        original = [r for r in original if f"{r['pair_id']}:swapped" in swapped_ids]
+        keep = {r["pair_id"] for r in original} | {f"{r['pair_id']}:swapped" for r in original}
+        swapped = [r for r in records if r["set"] == "swapped" and r["pair_id"] in keep]
+        if not original:
+            raise RuntimeError(f"{stage}: no complete original+swapped TEO pair was evaluated; "
+                               "evaluate more batches (the loader interleaves each pair with its swapped twin)")
+        report = teo_report(original, swapped, {r["pair_id"]: r["pred"] for r in original},
+                            {r["pair_id"]: r["pred"] for r in swapped})
+        values = {f"{stage}/teo_{k}": float(report[k]) for k in REPORT_KEYS}
+        values[f"{stage}/teo_num_pairs"] = float(report["num_pairs"])
+        self.log_dict(values, sync_dist=False)
+        if stage == "test":
+            self.test_predictions = [r for r in records if r["pair_id"] in keep]
+        return values
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            self._eval_buffer = []
+            return
+        self._report("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._report("test")
+
+    # --------------------------------------------------------------- checkpoints
+    def _trainable_names(self) -> set[str]:
+        return {name for name, p in self.named_parameters() if p.requires_grad}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        trainable = self._trainable_names()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        saved, expected = set(checkpoint["state_dict"]), self._trainable_names()
+        if saved != expected:
+            missing, extra = sorted(expected - saved)[:5], sorted(saved - expected)[:5]
+            raise ValueError(f"checkpoint does not hold this model's LoRA parameters (missing e.g. {missing}, "
+                             f"unexpected e.g. {extra}): was it trained with the same model.lora settings?")
+
+    # ------------------------------------------------------------------- adapter
+    def _best_checkpoint(self) -> str | None:
+        for cb in self.trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.monitor and cb.best_model_path and Path(cb.best_model_path).is_file():
+                return cb.best_model_path
+        return None
+
+    def adapter_path(self) -> Path:
+        """Where :meth:`save_adapter` writes (``adapter_dir`` or ``<trainer.default_root_dir>/adapter``)."""
+        if self.hparams.adapter_dir:
+            return Path(self.hparams.adapter_dir)
+        return Path(self.trainer.default_root_dir) / "adapter"
+
+    def save_adapter(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """Save the LoRA adapter in PEFT format (``adapter_config.json`` + ``adapter_model.safetensors``).
+
+        ``state_dict``: this module's trainable parameters to save instead of the current ones (keys
+        as in a checkpoint, ``model.base_model.model...``).
+        """
+        path = Path(path)
+        kwargs = {}
+        if state_dict is not None:
+            kwargs["state_dict"] = {k[len("model."):]: v for k, v in state_dict.items() if k.startswith("model.")}
+        self.model.save_pretrained(str(path), **kwargs)
+        if self.hparams.merge_adapter:
+            merged = copy.deepcopy(self.model)
+            if state_dict is not None:
+                merged.load_state_dict(kwargs["state_dict"], strict=False)
+            merged = merged.merge_and_unload()
+            merged.save_pretrained(str(path / "merged"))
+            self.processor.save_pretrained(str(path / "merged"))
+        return path
+
+    def on_fit_end(self) -> None:
+        if self.trainer.fast_dev_run:
+            return
+        best = self._best_checkpoint()
+        state = None
+        if best is not None:
+            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+        if self.trainer.is_global_zero:
+            path = self.save_adapter(self.adapter_path(), state)
+            log.info("saved the LoRA adapter (%s) to %s", f"best checkpoint {best}" if best else "final weights", path)

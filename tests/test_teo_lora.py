@@ -1,0 +1,286 @@
+"""InternVL LoRA fine-tuning for TEO: data (prompt masking, bucketing), LoRA module, adapter, train.py."""
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY_SYNTHETIC
+from data_modules.images import ImageLoadError
+from data_modules.sources import synthetic_source
+from data_modules.teo_pairs import IGNORE_INDEX, LengthBucketBatchSampler, TeoChatCollator, TeoPairsDataModule
+from seqaware.modules.teo_lora import TeoLoraModule
+from seqaware.pretrained import PretrainedUnavailableError
+from seqaware.teo.prompts import load_templates
+from seqaware.teo.vlm import build_tiny_internvl, internvl_config_8b, load_internvl
+
+
+@pytest.fixture(scope="module")
+def teo_dm(tmp_path_factory) -> TeoPairsDataModule:
+    cache = tmp_path_factory.mktemp("teo_cache")
+    source = partial(synthetic_source, str(cache / "synthetic"), progress=False, **TINY_SYNTHETIC)
+    dm = TeoPairsDataModule(source, processor="tiny", modality="image_text", batch_size=4, eval_batch_size=4)
+    dm.setup()
+    return dm
+
+
+def _train_batch(dm: TeoPairsDataModule, n: int = 4) -> dict:
+    pairs = dm.datasets["train"].pairs
+    picked = [p for p in pairs if p["label"] == "independent"][:2] + [p for p in pairs if p["label"] != "independent"][: n - 2]
+    return dm.collator(train=True)(picked)
+
+
+def _tiny_module(**kwargs) -> TeoLoraModule:
+    opt = {"_target_": "torch.optim.AdamW", "lr": 1e-2, "weight_decay": 0.0}
+    return TeoLoraModule(name_or_path="tiny", lora={"r": 16, "alpha": 32, "dropout": 0.0, "target": "language"},
+                         optimizer=opt, **kwargs)
+
+
+def test_labels_are_the_answer_tokens_only(teo_dm):
+    batch = _train_batch(teo_dm)
+    proc = teo_dm.processor
+    collator = teo_dm.collator(train=True)
+    answers = load_templates("teo")["question_answers"]
+    ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
+    assert batch["pixel_values"].shape[0] == 2 * ids.shape[0]  # one 56-px tile per step image
+    for row, pair in enumerate(batch["pairs"]):
+        # independent check: the prompt alone, tokenised by the processor, is the unlabelled prefix
+        prompt_msgs = collator.messages(pair, with_answer=False)
+        prompt_text = proc.apply_chat_template(prompt_msgs, tokenize=False, add_generation_prompt=True)
+        images = [c["image"] for m in prompt_msgs for c in m["content"] if c["type"] == "image"]
+        n_prompt = proc(text=[prompt_text], images=images, return_tensors="pt")["input_ids"].shape[1]
+        length = int(mask[row].sum())
+        assert torch.equal(ids[row, :n_prompt], proc(text=[prompt_text], images=images, return_tensors="pt")["input_ids"][0])
+        assert (labels[row, :n_prompt] == IGNORE_INDEX).all()
+        assert (labels[row, length:] == IGNORE_INDEX).all()  # right padding
+        assert torch.equal(labels[row, n_prompt:length], ids[row, n_prompt:length])
+        target = proc.tokenizer.decode(labels[row, n_prompt:length])
+        assert target == answers[pair["label"]] + "<|im_end|>\n"
+    # the image context tokens are never labelled
+    assert not (labels == proc.image_token_id).any()
+
+
+def test_eval_batches_are_left_padded_prompts(teo_dm):
+    loader = teo_dm.val_dataloader()
+    batch = next(iter(loader))
+    assert "labels" not in batch
+    assert (batch["attention_mask"][:, -1] == 1).all()
+    tail = teo_dm.processor.tokenizer.decode(batch["input_ids"][0, -8:])
+    assert tail.endswith("<|im_start|>assistant\n")
+    # original pairs are interleaved with their swapped twins (prefixes hold complete pairs)
+    sets = [p["set"] for p in batch["pairs"]]
+    assert sets == ["original", "swapped"] * (len(sets) // 2)
+    assert batch["pairs"][1]["pair_id"] == batch["pairs"][0]["pair_id"] + ":swapped"
+
+
+def test_missing_image_names_pair_and_field(teo_dm):
+    pair = dict(teo_dm.datasets["train"].pairs[0])
+    pair["step_b"] = dict(pair["step_b"], images=["/nonexistent/picture.png"])
+    with pytest.raises(ImageLoadError, match=rf"{pair['pair_id']}.*step_b\.images\[0\].*picture\.png"):
+        teo_dm.collator(train=True)([pair])
+    pair["step_b"] = dict(pair["step_b"], images=[])
+    with pytest.raises(ValueError, match=rf"{pair['pair_id']}.*step_b\.images"):
+        teo_dm.collator(train=True)([pair])
+    with pytest.raises(ValueError, match="data.modality"):
+        TeoChatCollator(teo_dm.processor, modality="video")
+
+
+def test_length_bucket_sampler_covers_each_item_once_and_groups_lengths():
+    lengths = torch.randint(0, 1000, (103,)).tolist()
+    sampler = LengthBucketBatchSampler(lengths, batch_size=8, bucket_factor=4, seed=3)
+    sampler.set_epoch(2)
+    batches = [[i for i, epoch in b] for b in sampler]
+    assert len(batches) == len(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(103))
+    assert all(e == 2 for b in sampler for _, e in b)
+    assert batches == [[i for i, _ in b] for b in sampler]  # a pure function of (seed, epoch)
+    sampler.set_epoch(3)
+    assert batches != [[i for i, _ in b] for b in sampler]
+    # padding per batch is far below that of random batches of the same size
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches)
+    rand = torch.randperm(103, generator=torch.Generator().manual_seed(0)).tolist()
+    rand_spread = sum(max(lengths[i] for i in rand[k:k + 8]) - min(lengths[i] for i in rand[k:k + 8]) for k in range(0, 103, 8))
+    assert spread < rand_spread / 2
+    # two ranks: disjoint shards of the same number of batches covering everything
+    shards = [LengthBucketBatchSampler(lengths, 8, 4, seed=3, num_replicas=2, rank=r) for r in range(2)]
+    ids = [[i for b in s for i, _ in b] for s in shards]
+    assert len(list(shards[0])) == len(list(shards[1])) == len(shards[0])
+    assert set(ids[0]) | set(ids[1]) == set(range(103))
+
+
+def test_lora_targets_language_attention_only():
+    module = _tiny_module()
+    lora_names = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert lora_names and all("lora_" in n and ".language_model." in n for n in lora_names)
+    assert {n.split(".lora_")[0].rsplit(".", 1)[1] for n in lora_names} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    vision = TeoLoraModule(name_or_path="tiny", lora={"target": "language_vision"})
+    assert any("vision_tower" in n and "lora_" in n for n, p in vision.named_parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="model.lora.target"):
+        TeoLoraModule(name_or_path="tiny", lora={"target": "everything"})
+
+
+def test_one_step_lowers_loss_and_changes_only_lora(teo_dm):
+    module = _tiny_module()
+    batch = _train_batch(teo_dm)
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    optimizer = module.configure_optimizers()
+    module.train()
+    loss0 = module(batch).loss
+    loss0.backward()
+    optimizer.step()
+    with torch.no_grad():
+        loss1 = module(batch).loss
+    assert loss1 < loss0
+    changed = {n for n, p in module.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    assert {n for n, p in module.named_parameters() if p.requires_grad} >= changed
+
+
+def test_saved_adapter_reloads_with_identical_logits(teo_dm, tmp_path):
+    from peft import PeftModel
+
+    module = _tiny_module()
+    batch = _train_batch(teo_dm)
+    optimizer = module.configure_optimizers()
+    for _ in range(2):  # lora_B starts at zero: train so that the adapter matters
+        module(batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    module.eval()
+    path = module.save_adapter(tmp_path / "adapter")
+    assert (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
+    base, _ = build_tiny_internvl(seed=0)
+    reloaded = PeftModel.from_pretrained(base, str(path)).eval()
+    inputs = module._inputs(batch)
+    with torch.no_grad():
+        expected = module.model(**inputs).logits
+        got = reloaded(**inputs).logits
+        plain = build_tiny_internvl(seed=0)[0].eval()(**inputs).logits
+    assert torch.equal(got, expected)
+    assert not torch.allclose(plain, expected)  # the trained adapter changes the output
+
+
+def test_merged_model_matches_adapter(teo_dm, tmp_path):
+    from transformers import InternVLForConditionalGeneration
+
+    module = _tiny_module(merge_adapter=True)
+    batch = _train_batch(teo_dm)
+    optimizer = module.configure_optimizers()
+    for _ in range(2):
+        module(batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    module.eval()
+    path = module.save_adapter(tmp_path / "adapter")
+    merged = InternVLForConditionalGeneration.from_pretrained(str(path / "merged")).eval()
+    assert not any("lora_" in n for n, _ in merged.named_parameters())
+    with torch.no_grad():
+        assert torch.allclose(merged(**module._inputs(batch)).logits, module.model(**module._inputs(batch)).logits, atol=1e-5)
+    assert (path / "merged" / "tokenizer.json").is_file()  # the processor travels with the merged model
+
+
+def test_fsdp_trainer_config_instantiates(compose_train):
+    from hydra.utils import instantiate
+    from pytorch_lightning.strategies import FSDPStrategy
+
+    cfg = compose_train("experiment=teo_lora_internvl", "trainer=fsdp")
+    strategy = instantiate(cfg.trainer.strategy)
+    assert isinstance(strategy, FSDPStrategy)
+    assert strategy.kwargs["use_orig_params"] is True
+
+
+def test_checkpoint_holds_lora_weights_only(teo_dm):
+    module = _tiny_module()
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    assert set(checkpoint["state_dict"]) == {n for n, p in module.named_parameters() if p.requires_grad}
+    module.on_load_checkpoint(checkpoint)  # consistent: no error
+    checkpoint["state_dict"].pop(next(iter(checkpoint["state_dict"])))
+    with pytest.raises(ValueError, match="LoRA parameters"):
+        module.on_load_checkpoint(checkpoint)
+
+
+def test_internvl_8b_config_has_the_published_size():
+    from transformers import InternVLForConditionalGeneration
+
+    cfg = internvl_config_8b()
+    with torch.device("meta"):
+        model = InternVLForConditionalGeneration(cfg)
+    vision = sum(p.numel() for p in model.model.vision_tower.parameters())
+    language = sum(p.numel() for p in model.model.language_model.parameters()) + model.lm_head.weight.numel()
+    assert 0.28e9 < vision < 0.32e9            # InternViT-300M
+    assert 8.0e9 < language < 8.3e9            # Qwen3-8B (8.2B with the untied head)
+    assert cfg.image_seq_length == (448 // 14) ** 2 // 4 == 256
+
+
+def test_named_checkpoint_fails_fast_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    with pytest.raises(PretrainedUnavailableError, match="model.name_or_path"):
+        load_internvl("OpenGVLab/InternVL3_5-8B-HF")
+    assert time.monotonic() - start < 10
+
+
+def test_train_py_fast_dev_run(compose_train):
+    import train
+
+    cfg = compose_train("experiment=teo_lora_internvl", "model=internvl_tiny", "trainer.fast_dev_run=true")
+    assert cfg.callbacks.model_checkpoint.monitor == "val/teo_consistency_accuracy"
+    assert cfg.model.optimizer.lr == 1e-5 and cfg.trainer.max_epochs == 1  # hparams/mateo
+    metrics = train.run(cfg)
+    assert metrics["test/teo_num_pairs"] >= 1
+    assert 0.0 <= metrics["test/teo_consistency_accuracy"] <= 1.0
+    assert "val/teo_consistency_accuracy" in metrics
+
+
+def test_mateo_fast_and_modality_sweep_compose(compose_train):
+    cfg = compose_train("experiment=teo_lora_internvl", "model=internvl_tiny", "hparams=mateo_fast")
+    assert cfg.data.batch_size == 8 and cfg.data.bucket_by_length
+    assert cfg.model.optimizer.lr == pytest.approx(1e-5 * 8 ** 0.5, rel=1e-3)
+    sweep = compose_train("experiment=teo_lora_modalities", "model=internvl_tiny")
+    assert sweep.data.modality == "image_text"
+
+
+@pytest.mark.slow
+def test_short_run_saves_best_adapter_and_checkpoint_reloads(compose_train, tmp_path):
+    """A short real fit: best checkpoint (LoRA weights only) -> adapter/ and load_from_checkpoint agree."""
+    import json
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    import train
+
+    cfg = compose_train("experiment=teo_lora_internvl", "model=internvl_tiny", "trainer.precision=32-true",
+                        "data.modality=text", "trainer.max_epochs=2", "data.batch_size=8", "data.max_train_pairs=48",
+                        "data.eval_batch_size=8", "data.max_eval_pairs=4", "model.optimizer.lr=3e-3",
+                        "model.tiny.init_range=0.1", "model.lora.dropout=0.0")
+    datamodule, module, trainer = train.build(cfg)
+    trainer.fit(module, datamodule=datamodule)
+    best = train._best_checkpoint(trainer)
+    assert best is not None
+    state = torch.load(best, map_location="cpu", weights_only=False)
+    assert "val/teo_consistency_accuracy" in str(state["callbacks"])
+    assert set(state["state_dict"]) == {n for n, p in module.named_parameters() if p.requires_grad}
+    # adapter/ holds the best checkpoint's LoRA weights in PEFT format
+    out = Path(cfg.paths.output_dir)
+    adapter = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert len(adapter) == len(state["state_dict"])
+    for key, value in state["state_dict"].items():
+        peft_key = key[len("model."):].replace(".default.weight", ".weight")
+        assert torch.equal(adapter[peft_key], value)
+    # the module rebuilds itself from its hyper-parameters: same logits as the adapter on a fresh base
+    reloaded = TeoLoraModule.load_from_checkpoint(best).eval()
+    base, _ = build_tiny_internvl(seed=0, **cfg.model.tiny)
+    peft_model = PeftModel.from_pretrained(base, str(out / "adapter")).eval()
+    batch = datamodule.collator(train=True)(datamodule.datasets["train"].pairs[:2])
+    with torch.no_grad():
+        assert torch.equal(reloaded(batch).logits, peft_model(**reloaded._inputs(batch)).logits)
+    trainer.test(reloaded, datamodule=datamodule)
+    records = reloaded.test_predictions
+    assert len(records) == 2 * 4 and {r["set"] for r in records} == {"original", "swapped"}
+    assert all(r["pred"] in ("before", "after", "independent", "other") for r in records)
+    json.dumps(records)  # train.py writes them as JSON lines
