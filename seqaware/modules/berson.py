@@ -79,6 +79,11 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         fusion: dict[str, torch.Tensor] = {}
         if input_ids is not None:
             fusion.update(pack_steps(input_ids, attention_mask, None, self.encoder.cls_token_id, self.encoder.pad_token_id))
+            if self.encoder.modality == "text":
+                # BERT sentence-pair segments: type 0 for [CLS] step_i [SEP], type 1 for step_j [SEP]
+                # (single-stream multimodal encoders use token types for the modality instead)
+                first_sep = (fusion["text_step"] == 1).long().cumsum(1) > 0
+                fusion["token_type_ids"] = (first_sep & fusion["attention_mask"].bool()).long()
         if visual_feats is not None:
             fusion["visual_feats"], fusion["visual_mask"] = visual_feats, visual_mask
             if patch_mask is not None:
