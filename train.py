@@ -57,9 +57,25 @@ def _best_checkpoint(trainer: pl.Trainer) -> str | None:
     return None
 
 
+def _finish_wandb(trainer: pl.Trainer) -> None:
+    """Close this run's W&B runs: otherwise the next run in the same process (a ``-m`` sweep with
+    the basic launcher, a test) would silently log into this one."""
+    for lg in trainer.loggers:
+        if type(lg).__name__ == "WandbLogger" and getattr(lg, "_experiment", None) is not None:
+            lg.experiment.finish()
+
+
 def run(cfg: DictConfig) -> dict[str, float]:
     """Fit and/or test as the config says; returns the logged metrics as floats."""
     datamodule, model, trainer = build(cfg)
+    try:
+        return _fit_and_test(cfg, datamodule, model, trainer)
+    finally:
+        _finish_wandb(trainer)
+
+
+def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl.LightningModule,
+                  trainer: pl.Trainer) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if cfg.get("train", True):
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
