@@ -68,7 +68,7 @@ def bar_chart(series: Mapping[str, Mapping[str, Mapping[str, float]]], path: str
     ax.set_ylim(0, 1 if metric in ("pmr", "acc") else None)
     ax.set_title(title or f"test {metric.upper()} per category")
     if len(series) > 1:
-        ax.legend()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     path = Path(path)
     with atomic_open(path, "wb") as fh:
