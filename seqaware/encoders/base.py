@@ -78,6 +78,13 @@ def pack_steps(input_ids: torch.Tensor, attention_mask: torch.Tensor, step_mask:
     return {"input_ids": out_ids, "attention_mask": out_mask, "text_step": out_step}
 
 
+def pair_segment_ids(fusion: dict[str, torch.Tensor]) -> torch.Tensor:
+    """BERT sentence-pair token types for a packed pair ``[CLS] a [SEP] b [SEP]``: 0 up to the first
+    [SEP], 1 for the tokens of step 1 and its [SEP], 0 on padding."""
+    second = (fusion["text_step"] == 1).long().cumsum(1) > 0
+    return (second & fusion["attention_mask"].bool()).long()
+
+
 class SequenceEncoder(nn.Module):
     """Base class of single-stream sequence encoders (see the module docstring).
 

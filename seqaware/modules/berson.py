@@ -13,8 +13,7 @@ text tokens plus its image tokens -- exactly what the hierarchical attention poo
 """
 from __future__ import annotations
 
-import logging
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from hydra.utils import instantiate
@@ -22,11 +21,9 @@ from torch.utils.checkpoint import checkpoint
 
 from decoders import PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, BersonState, pair_index
-from seqaware.encoders.base import SequenceEncoder, pack_steps
+from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container
 from seqaware.modules.sequencing import pairwise_targets
-
-log = logging.getLogger(__name__)
 
 POINTER_DECODERS = ("beam", "greedy")
 
@@ -82,8 +79,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             if self.encoder.modality == "text":
                 # BERT sentence-pair segments: type 0 for [CLS] step_i [SEP], type 1 for step_j [SEP]
                 # (single-stream multimodal encoders use token types for the modality instead)
-                first_sep = (fusion["text_step"] == 1).long().cumsum(1) > 0
-                fusion["token_type_ids"] = (first_sep & fusion["attention_mask"].bool()).long()
+                fusion["token_type_ids"] = pair_segment_ids(fusion)
         if visual_feats is not None:
             fusion["visual_feats"], fusion["visual_mask"] = visual_feats, visual_mask
             if patch_mask is not None:

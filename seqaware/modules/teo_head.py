@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 
-from seqaware.encoders.base import SequenceEncoder, pack_steps
+from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
 from seqaware.metrics.iso import binary_rows, format_table
 from seqaware.metrics.teo import teo_rows, teo_table
 from seqaware.modules.base import SeqawareModule, as_container
@@ -56,8 +56,7 @@ class TeoHeadModule(SeqawareModule):
         fusion = pack_steps(batch["input_ids"], batch["attention_mask"], None,
                             self.encoder.cls_token_id, self.encoder.pad_token_id)
         if self.encoder.modality == "text":  # BERT sentence-pair segments
-            fusion["token_type_ids"] = (((fusion["text_step"] == 1).long().cumsum(1) > 0)
-                                        & fusion["attention_mask"].bool()).long()
+            fusion["token_type_ids"] = pair_segment_ids(fusion)
         return self.head(self.encoder(fusion).cls)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
