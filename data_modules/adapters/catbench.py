@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from data_modules.adapters.common import (
-    AdapterOptionError,
     AdapterResult,
     ProblemLog,
     check_procedure,
+    check_split,
     iter_files,
     iter_json_records,
 )
-from seqaware.procedure import SPLIT_PATTERN, Procedure, Step
+from seqaware.procedure import Procedure, Step
 
 LABELS = ("yes", "no")
 DIRECTIONS = ("before", "after")
@@ -67,8 +67,7 @@ def _check_question(record: Any, log: ProblemLog, path: Path, line: int) -> bool
 
 def convert(src: Path, out_images: Path | None = None, split: str = "test") -> AdapterResult:
     """Convert CaT-Bench questions (see the module docstring); ``out_images`` is unused (text only)."""
-    if not SPLIT_PATTERN.match(str(split)):
-        raise AdapterOptionError(f"option split={split!r}: expected train, val, test or test-<suffix>")
+    check_split(split)
     log = ProblemLog()
     result = AdapterResult()
     plans: dict[int, tuple[Procedure, Path, int]] = {}

@@ -34,14 +34,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from data_modules.adapters.common import (
-    IMAGE_POLICIES,
     AdapterOptionError,
     AdapterResult,
+    IMAGE_POLICIES,
     ImageStore,
     ProblemLog,
     check_choice,
-    iter_files,
-    iter_json_records,
+    check_split,
+    read_instances,
     store_images,
 )
 from data_modules.adapters.iso import image_source, record_value, resolve_fields
@@ -58,32 +58,18 @@ def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str]
             unreadable_image: str = "error", url_root: str | None = None) -> AdapterResult:
     """Read a COHERENCE export into COHERENCE instances (see the module docstring)."""
     check_choice("unreadable_image", unreadable_image, IMAGE_POLICIES)
-    if not SPLIT_PATTERN.match(str(split)):
-        raise AdapterOptionError(f"option split={split!r}: expected train, val, test or test-<suffix>")
+    check_split(split)
     try:
         pattern = re.compile(placeholder_pattern)
     except re.error as err:
         raise AdapterOptionError(f"option placeholder_pattern={placeholder_pattern!r}: not a regular expression ({err})") from None
     bins = [(int(low), None if high is None else int(high)) for low, high in difficulty_bins]
     fmap = resolve_fields(fields, COHERENCE_FIELDS)
-    log = ProblemLog()
-    result = AdapterResult()
     store = ImageStore(out_images)
-    instances: list[dict[str, Any]] = []
     seen: dict[str, str] = {}
-    files = iter_files(src, (".json", ".jsonl"))
-    if not files:
-        raise FileNotFoundError(f"coherence: no .json or .jsonl files in {src}")
-    for path in files:
-        for line, record in iter_json_records(path, log):
-            result.records_read["instances"] += 1
-            inst = _instance(record, path, line, fmap, pattern, gold_base, split, bins, seed, store,
-                             unreadable_image, url_root, seen, log, result)
-            if inst is not None:
-                instances.append(inst)
-    log.raise_if_any()
-    result.tasks["coherence"] = instances
-    return result
+    return read_instances("coherence", src, lambda record, path, line, log, result: _instance(
+        record, path, line, fmap, pattern, gold_base, split, bins, seed, store, unreadable_image, url_root, seen,
+        log, result))
 
 
 def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], pattern: re.Pattern, gold_base: int,

@@ -19,7 +19,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from PIL import Image
 
@@ -41,6 +41,15 @@ def check_choice(option: str, value: Any, choices: Sequence[Any]) -> Any:
     if value not in choices:
         raise AdapterOptionError(f"option {option}={value!r}: expected one of {list(choices)}")
     return value
+
+
+def check_split(split: Any) -> str:
+    """Return ``split`` if it is a valid split name (train, val, test, test-<suffix>); else raise."""
+    from seqaware.procedure import SPLIT_PATTERN
+
+    if not SPLIT_PATTERN.match(str(split)):
+        raise AdapterOptionError(f"option split={split!r}: expected train, val, test or test-<suffix>")
+    return str(split)
 
 
 @dataclass
@@ -354,3 +363,25 @@ def iter_files(src: Path, suffixes: Iterable[str]) -> list[Path]:
         raise FileNotFoundError(f"no such file or folder: {src}")
     wanted = tuple(suffixes)
     return sorted(p for p in src.rglob("*") if p.is_file() and p.name.endswith(wanted))
+
+
+def read_instances(dataset: str, src: Path, build: Callable[[Any, Path, int, "ProblemLog", "AdapterResult"], Any]
+                   ) -> AdapterResult:
+    """Task-instance adapters (ISO-Bench, COHERENCE): every JSON / JSON-lines record of ``src`` through
+    ``build(record, path, line, log, result)`` (None = dropped); problems are collected and raised
+    together; the instances land in ``result.tasks[dataset]``."""
+    log = ProblemLog()
+    result = AdapterResult()
+    files = iter_files(src, (".json", ".jsonl"))
+    if not files:
+        raise FileNotFoundError(f"{dataset}: no .json or .jsonl files in {src}")
+    instances = []
+    for path in files:
+        for line, record in iter_json_records(path, log):
+            result.records_read["instances"] += 1
+            inst = build(record, path, line, log, result)
+            if inst is not None:
+                instances.append(inst)
+    log.raise_if_any()
+    result.tasks[dataset] = instances
+    return result

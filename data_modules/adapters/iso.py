@@ -30,17 +30,17 @@ from typing import Any, Mapping
 from urllib.parse import urlparse
 
 from data_modules.adapters.common import (
-    IMAGE_POLICIES,
     AdapterOptionError,
     AdapterResult,
+    IMAGE_POLICIES,
     ImageStore,
     ProblemLog,
     check_choice,
+    check_split,
     decode_embedded,
     get_path,
     is_url,
-    iter_files,
-    iter_json_records,
+    read_instances,
     store_images,
 )
 from data_modules.tasks.iso import ISO_LABELS
@@ -92,31 +92,16 @@ def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str]
             url_root: str | None = None) -> AdapterResult:
     """Read an ISO-Bench export into ISO instances (see the module docstring)."""
     check_choice("unreadable_image", unreadable_image, IMAGE_POLICIES)
-    if not SPLIT_PATTERN.match(str(split)):
-        raise AdapterOptionError(f"option split={split!r}: expected train, val, test or test-<suffix>")
+    check_split(split)
     fmap = resolve_fields(fields, ISO_FIELDS)
     label_map = {str(k).lower(): v for k, v in {**DEFAULT_LABELS, **dict(labels or {})}.items()}
     bad = sorted({v for v in label_map.values() if v not in ISO_LABELS})
     if bad:
         raise AdapterOptionError(f"option labels: values {bad} are not ISO labels {list(ISO_LABELS)}")
-    log = ProblemLog()
-    result = AdapterResult()
     store = ImageStore(out_images)
-    instances: list[dict[str, Any]] = []
     seen: dict[str, str] = {}
-    files = iter_files(src, (".json", ".jsonl"))
-    if not files:
-        raise FileNotFoundError(f"iso: no .json or .jsonl files in {src}")
-    for path in files:
-        for line, record in iter_json_records(path, log):
-            result.records_read["instances"] += 1
-            inst = _instance(record, path, line, fmap, label_map, split, store, unreadable_image, url_root, seen, log,
-                             result)
-            if inst is not None:
-                instances.append(inst)
-    log.raise_if_any()
-    result.tasks["iso"] = instances
-    return result
+    return read_instances("iso", src, lambda record, path, line, log, result: _instance(
+        record, path, line, fmap, label_map, split, store, unreadable_image, url_root, seen, log, result))
 
 
 def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_map: dict[str, str], split: str,

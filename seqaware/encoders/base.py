@@ -112,26 +112,32 @@ class SequenceEncoder(nn.Module):
         raise NotImplementedError
 
 
+def step_visual_features(encoder: SequenceEncoder, batch: dict
+                         ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """Run the visual backbone once per step image of a collated batch.
+
+    Returns ``visual_feats`` (B, S, P, D), ``patch_mask`` (B, S, P) or None, ``visual_mask`` (B, S).
+    """
+    pixels = batch["pixel_values"]
+    B, S = pixels.shape[:2]
+    boxes, box_mask = batch.get("boxes"), batch.get("box_mask")
+    feats, patch_mask = encoder.visual_features(
+        pixels.flatten(0, 1),
+        None if boxes is None else boxes.flatten(0, 1),
+        None if box_mask is None else box_mask.flatten(0, 1))
+    patch_mask = None if patch_mask is None else patch_mask.view(B, S, -1)
+    return feats.view(B, S, *feats.shape[1:]), patch_mask, batch["image_mask"] & batch["step_mask"]
+
+
 def fusion_input(encoder: SequenceEncoder, batch: dict) -> dict[str, torch.Tensor]:
     """A collated batch (``input_ids`` (B, S, L), ``pixel_values`` (B, S, 3, H, W), masks, boxes)
     -> the encoder's fusion input, running the visual backbone once per step image."""
     out: dict[str, torch.Tensor] = {}
-    step_mask = batch["step_mask"]
     if encoder.uses_text:
-        out.update(pack_steps(batch["input_ids"], batch["attention_mask"], step_mask,
+        out.update(pack_steps(batch["input_ids"], batch["attention_mask"], batch["step_mask"],
                               encoder.cls_token_id, encoder.pad_token_id))
     if encoder.uses_images:
-        pixels = batch["pixel_values"]
-        B, S = pixels.shape[:2]
-        boxes = batch.get("boxes")
-        box_mask = batch.get("box_mask")
-        feats, patch_mask = encoder.visual_features(
-            pixels.flatten(0, 1),
-            None if boxes is None else boxes.flatten(0, 1),
-            None if box_mask is None else box_mask.flatten(0, 1))
-        out["visual_feats"] = feats.view(B, S, *feats.shape[1:])
-        out["visual_mask"] = batch["image_mask"] & step_mask
+        out["visual_feats"], patch_mask, out["visual_mask"] = step_visual_features(encoder, batch)
         if patch_mask is not None:
-            out["patch_mask"] = patch_mask.view(B, S, -1)
+            out["patch_mask"] = patch_mask
     return out
-

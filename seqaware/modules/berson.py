@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from decoders import PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, BersonState, pair_index
-from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
+from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container
 from seqaware.modules.sequencing import pairwise_targets
 
@@ -106,15 +106,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         index = pair_index(step_mask)
         b, i, j = index
         feats = vmask = pmask = None
-        if self.encoder.uses_images:
-            pixels = batch["pixel_values"]
-            B, S = pixels.shape[:2]
-            boxes, box_mask = batch.get("boxes"), batch.get("box_mask")
-            f, pm = self.encoder.visual_features(pixels.flatten(0, 1), None if boxes is None else boxes.flatten(0, 1),
-                                                 None if box_mask is None else box_mask.flatten(0, 1))
-            feats = f.view(B, S, *f.shape[1:])            # once per step image, gathered per pair below
-            pmask = None if pm is None else pm.view(B, S, -1)
-            vmask = batch["image_mask"] & step_mask
+        if self.encoder.uses_images:  # once per step image, gathered per pair below
+            feats, pmask, vmask = step_visual_features(self.encoder, batch)
         parts = []
         for start in range(0, len(b), self.pair_chunk):
             sl = slice(start, start + self.pair_chunk)
