@@ -6,7 +6,6 @@ The ordering metrics are re-exported here; the task-metric modules are imported 
 from seqaware.metrics.ordering import (
     DAG_KEYS,
     ORDER_KEYS,
-    OrderingMetrics,
     corpus_order_metrics,
     dag_order_metrics,
     order_kappa,
@@ -14,6 +13,17 @@ from seqaware.metrics.ordering import (
     pairwise_relations,
     select_reference,
 )
+
+
+
+def __getattr__(name: str):
+    """``OrderingMetrics`` is imported on first use (torchmetrics is slow to import)."""
+    if name == "OrderingMetrics":
+        from seqaware.metrics.torch_metrics import OrderingMetrics
+
+        return OrderingMetrics
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DAG_KEYS",

@@ -11,7 +11,8 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from seqaware.metrics.ordering import OrderingMetrics, order_metrics
+from seqaware.metrics.torch_metrics import OrderingMetrics
+from seqaware.metrics.ordering import order_metrics
 
 log = logging.getLogger(__name__)
 
