@@ -7,6 +7,9 @@ A batch (``B`` instances, up to ``S`` steps, ``L`` tokens) is a dict::
     pixel_values                (B, S, 3, H, W)    -- when images are used (padding/missing: blank)
     image_mask                  (B, S)     bool    -- step has a usable image
     boxes, box_mask             (B, S, R, 4), (B, S, R) -- when max_boxes > 0: object boxes scaled to [0, 1]
+    visual_feats, patch_mask    (B, S, 1+R, D+7), (B, S, 1+R) -- with region_features: cached detector
+                                features (whole image + R regions, box geometry in the last 7 dims;
+                                seqaware.encoders.regions), instead of boxes / box_mask
     gold                        (B, S)     long    -- gold[b, k] = input position of the k-th step (-1 pad)
     num_steps                   (B,)       long
     meta                        list of dicts: id, step_index, references, dag, category
@@ -15,13 +18,16 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from data_modules.images import IMAGENET_MEAN, IMAGENET_STD, ImageLoadError, ImageTransform, open_rgb
 from data_modules.views import ViewItem
 from seqaware.procedure import resolve_path
+
+if TYPE_CHECKING:
+    from seqaware.encoders.regions import RegionFeatureCache
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +52,21 @@ class StepCollator:
         use_text / use_images: which modalities to load.
         missing_image: ``error`` raises naming the file; ``blank`` uses a grey image, marks
             ``image_mask`` False and counts it in :attr:`missing_images` (logged).
-        max_boxes: object boxes per step to return (0: none).
+        max_boxes: object boxes per step to return (0: none); with ``region_features``, R, the
+            detector regions kept per image (highest scores first).
+        region_features: folder written by ``scripts/extract_features.py --out``: attach every
+            usable step image's cached features (:class:`~seqaware.encoders.regions.RegionFeatureCache`)
+            as ``visual_feats`` / ``patch_mask`` (for encoders without a visual backbone,
+            ``encoder@model.encoder=visualbert_detector``).  Images are still opened, so the
+            ``missing_image`` policy applies; a step without a usable image gets zero features and
+            an all-False ``patch_mask``; an image without a cache file is an error naming both.
+            Ignored without ``use_images``.
     """
 
     def __init__(self, tokenizer: Any = None, max_steps: int = 5, max_sentences: int = 5, max_tokens: int = 60,
                  image_size: int = 224, image_mean: Sequence[float] = IMAGENET_MEAN, image_std: Sequence[float] = IMAGENET_STD,
-                 use_text: bool = True, use_images: bool = True, missing_image: str = "error", max_boxes: int = 0):
+                 use_text: bool = True, use_images: bool = True, missing_image: str = "error", max_boxes: int = 0,
+                 region_features: str | None = None):
         if missing_image not in ("error", "blank"):
             raise ValueError(f"missing_image must be 'error' or 'blank', got {missing_image!r}")
         if use_text and tokenizer is None:
@@ -66,11 +81,19 @@ class StepCollator:
         self.missing_image = missing_image
         self.max_boxes = max_boxes
         self.missing_images = 0
+        self.region_cache: RegionFeatureCache | None = None
+        if region_features and use_images:
+            if max_boxes < 1:
+                raise ValueError(f"data.collator.region_features={region_features} needs data.collator.max_boxes >= 1 "
+                                 f"(the detector regions kept per image, e.g. 36), got {max_boxes}")
+            from seqaware.encoders.regions import RegionFeatureCache  # torchvision: only when used
+
+            self.region_cache = RegionFeatureCache(region_features, max_regions=max_boxes)
 
     def _image(self, item: ViewItem, step) -> tuple[torch.Tensor, bool, tuple[int, int] | None]:
         if not step.images:
             return self.transform.blank(), False, None
-        path = resolve_path(step.images[0], item.root)
+        path = self._image_path(item, step)
         try:
             img = open_rgb(path)
         except ImageLoadError as err:
@@ -80,6 +103,30 @@ class StepCollator:
             log.warning("procedure %s: %s -> blank image (%d so far)", item.procedure_id, err, self.missing_images)
             return self.transform.blank(), False, None
         return self.transform(img), True, img.size
+
+    @staticmethod
+    def _image_path(item: ViewItem, step):
+        return resolve_path(step.images[0], item.root)
+
+    def _region_features(self, items: list[ViewItem], image_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached detector features of every usable step image: ``(B, S, 1+R, D+7)``, ``(B, S, 1+R)``."""
+        assert self.region_cache is not None
+        where = image_mask.nonzero().tolist()
+        records = []
+        for b, s in where:  # file reads, one per image
+            it = items[b]
+            try:
+                records.append(self.region_cache.load(self._image_path(it, it.steps[s])))
+            except (FileNotFoundError, ValueError) as err:
+                raise type(err)(f"procedure {it.procedure_id}, step {it.step_index[s]}: {err}") from err
+        feats, geometry, mask = self.region_cache.stack(records, dim=self.region_cache.feature_dim())
+        B, S = image_mask.shape
+        visual = torch.zeros(B, S, feats.shape[1], feats.shape[2] + geometry.shape[2])
+        patch_mask = torch.zeros(B, S, feats.shape[1], dtype=torch.bool)
+        if where:
+            visual[image_mask] = torch.cat([feats, geometry], dim=-1)
+            patch_mask[image_mask] = mask
+        return visual, patch_mask
 
     def __call__(self, items: list[ViewItem]) -> dict[str, Any]:
         batch_size = len(items)
@@ -123,7 +170,7 @@ class StepCollator:
                         continue
                     step = it.steps[s]
                     pixels[b, s], image_mask[b, s], img_size = self._image(it, step)
-                    if self.max_boxes and img_size is not None and step.boxes:
+                    if self.max_boxes and self.region_cache is None and img_size is not None and step.boxes:
                         w, h = img_size
                         kept = torch.tensor(step.boxes[: self.max_boxes], dtype=torch.float32)
                         kept /= torch.tensor([w, h, w, h], dtype=torch.float32)
@@ -131,6 +178,8 @@ class StepCollator:
                         box_mask[b, s, : len(kept)] = True
             batch["pixel_values"] = pixels
             batch["image_mask"] = image_mask
-            if self.max_boxes:
+            if self.region_cache is not None:
+                batch["visual_feats"], batch["patch_mask"] = self._region_features(items, image_mask)
+            elif self.max_boxes:
                 batch["boxes"], batch["box_mask"] = boxes, box_mask
         return batch

@@ -11,6 +11,8 @@ the final boxes) and of the whole image (the same head on the full-image box), t
 normalised to [0, 1], their scores and the image size.  One ``<sha1 of the image path>.pt`` file
 per image under ``--out`` (read back with :class:`seqaware.encoders.regions.RegionFeatureCache`),
 written atomically; a rerun skips images already cached, so an interrupted run resumes.
+Train on the cache with ``python train.py experiment=visualbert_pretrain encoder@model.encoder=visualbert_detector
+data.collator.region_features=OUT data.collator.max_boxes=36`` (README, "VisualBERT region features").
 
 Weights: ``--weights PATH`` (a torchvision ``fasterrcnn_resnet50_fpn`` state dict, e.g. the COCO
 ``fasterrcnn_resnet50_fpn_coco-258fb6c6.pth``) or ``random`` (random init: set

@@ -117,7 +117,18 @@ def step_visual_features(encoder: SequenceEncoder, batch: dict
     """Run the visual backbone once per step image of a collated batch.
 
     Returns ``visual_feats`` (B, S, P, D), ``patch_mask`` (B, S, P) or None, ``visual_mask`` (B, S).
+    A batch that already carries ``visual_feats`` (cached detector regions attached by the collator,
+    ``data.collator.region_features``) is passed through: the encoder must then have no visual
+    backbone (``visual: null``).
     """
+    visual_mask = batch["image_mask"] & batch["step_mask"]
+    if "visual_feats" in batch:
+        if getattr(encoder, "visual", None) is not None:
+            raise ValueError(f"the batch carries precomputed visual features (data.collator.region_features) but the "
+                             f"encoder has a visual backbone ({type(encoder.visual).__name__}); use an encoder "
+                             f"without one (encoder@model.encoder=visualbert_detector) or drop "
+                             f"data.collator.region_features")
+        return batch["visual_feats"], batch.get("patch_mask"), visual_mask
     pixels = batch["pixel_values"]
     B, S = pixels.shape[:2]
     boxes, box_mask = batch.get("boxes"), batch.get("box_mask")
@@ -126,7 +137,7 @@ def step_visual_features(encoder: SequenceEncoder, batch: dict
         None if boxes is None else boxes.flatten(0, 1),
         None if box_mask is None else box_mask.flatten(0, 1))
     patch_mask = None if patch_mask is None else patch_mask.view(B, S, -1)
-    return feats.view(B, S, *feats.shape[1:]), patch_mask, batch["image_mask"] & batch["step_mask"]
+    return feats.view(B, S, *feats.shape[1:]), patch_mask, visual_mask
 
 
 def fusion_input(encoder: SequenceEncoder, batch: dict) -> dict[str, torch.Tensor]:

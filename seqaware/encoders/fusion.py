@@ -9,6 +9,11 @@ Input sequence (Wu et al. 2022, sec. 4; VisualBERT / CLIP-ViL style)::
   ``inputs_embeds`` so text and visual tokens share one embedding pipeline.
 * Visual tokens: ``LayerNorm(Linear(feature))`` of the backbone's patch / grid / region features
   (region encoders add ``Linear(box geometry)`` inside the LayerNorm): ``projected_visual``.
+  The LayerNorm's gain starts at the scale of the text model's word embeddings (``visual_scale:
+  text``): a plain LayerNorm outputs vectors of norm sqrt(H) (~20 for H = 384), about 20x a
+  MiniLM word embedding and 40x a position / token-type / step embedding, so the image tokens
+  would carry almost no trace of which step (or which patch) they are -- ISP's swapped images
+  and SMRM's masked patches are then nearly undetectable for hundreds of steps.
 * Token types: text 0, image 1.  Models with a single token type (RoBERTa) get a 2-row type
   embedding, both rows initialised from the pretrained one.
 * Positions: text tokens 0..T-1 (RoBERTa: offset by its padding index as usual); the tokens of each
@@ -67,6 +72,10 @@ class SingleStreamEncoder(SequenceEncoder):
         attn_implementation: ``sdpa`` (default) or ``eager``.
         gradient_checkpointing: recompute transformer activations in backward.
         visual_ckpt: initialise the visual backbone from an image-only pretraining checkpoint.
+        visual_scale: initial gain of the visual tokens' LayerNorm: ``text`` (default) matches the
+            mean norm of the text model's word embeddings, so the position, token-type and step
+            embeddings added to the visual tokens are not drowned (see the module docstring); a
+            number sets the gain directly (1.0: the plain LayerNorm initialisation).
     """
 
     def __init__(self, name_or_path: str = "offline:minilm", config: Optional[Mapping] = None,
@@ -74,7 +83,7 @@ class SingleStreamEncoder(SequenceEncoder):
                  regions: Optional[Mapping] = None, geometry: Optional[bool] = None,
                  visual_feature_dim: Optional[int] = None, step_embedding: bool = True, max_steps: int = 16,
                  attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
-                 visual_ckpt: Optional[str] = None):
+                 visual_ckpt: Optional[str] = None, visual_scale: str | float = "text"):
         super().__init__()
         if modality not in MODALITIES:
             raise ValueError(f"SingleStreamEncoder modality must be one of {MODALITIES}, got {modality!r}")
@@ -125,6 +134,8 @@ class SingleStreamEncoder(SequenceEncoder):
             self.visual_proj = nn.Linear(feat_dim, H)
             self.geometry_proj = nn.Linear(GEOMETRY_DIM, H) if self.geometry else None
             self.visual_norm = nn.LayerNorm(H, eps=eps)
+            with torch.no_grad():
+                self.visual_norm.weight.fill_(self._visual_gain(visual_scale))
         self.max_steps = int(max_steps)
         self.step_embedding = nn.Embedding(self.max_steps, H) if step_embedding else None
         if self.step_embedding is not None:
@@ -137,6 +148,17 @@ class SingleStreamEncoder(SequenceEncoder):
             if self.visual is None:
                 raise ValueError("visual_ckpt given but the encoder has no visual backbone (visual: null)")
             load_encoder_checkpoint(self, visual_ckpt, submodule="visual")
+
+    def _visual_gain(self, visual_scale: str | float) -> float:
+        """Initial LayerNorm gain of the visual tokens for ``visual_scale`` (see the class docstring)."""
+        if isinstance(visual_scale, str):
+            if visual_scale != "text":
+                raise ValueError(f"model.encoder.visual_scale must be 'text' or a positive number, got {visual_scale!r}")
+            words = self.word_embeddings.weight.detach().float()
+            return float(words.norm(dim=1).mean()) / self.hidden_size ** 0.5
+        if not float(visual_scale) > 0:
+            raise ValueError(f"model.encoder.visual_scale must be 'text' or a positive number, got {visual_scale!r}")
+        return float(visual_scale)
 
     @property
     def word_embeddings(self) -> nn.Embedding:
@@ -155,8 +177,9 @@ class SingleStreamEncoder(SequenceEncoder):
                         box_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """``pixels (N, 3, H, W)`` -> ``(feats (N, P, D[+7]), patch_mask (N, P) | None)``."""
         if self.visual is None:
-            raise ValueError("this encoder reads precomputed visual features (visual: null); "
-                             "put them in the fusion input's 'visual_feats'")
+            raise ValueError("this encoder reads precomputed visual features (visual: null): attach cached region "
+                             "features with data.collator.region_features=DIR (scripts/extract_features.py --out DIR) "
+                             "or put them in the fusion input's 'visual_feats'")
         if self.regions is None:
             return self.visual(pixel_values), None
         if boxes is None or box_mask is None:
@@ -212,6 +235,13 @@ class SingleStreamEncoder(SequenceEncoder):
         if self.uses_images:
             feats = fusion_input["visual_feats"]
             S, P = feats.shape[1], feats.shape[2]
+            expected = self.visual_feature_dim + (GEOMETRY_DIM if self.geometry else 0)
+            if feats.shape[-1] != expected:
+                raise ValueError(
+                    f"visual features have {feats.shape[-1]} dims, the encoder expects {expected} "
+                    f"(visual_feature_dim {self.visual_feature_dim}" + (f" + {GEOMETRY_DIM} box geometry" if self.geometry
+                                                                      else "") + "); cached region features need "
+                    "model.encoder.visual_feature_dim = the extractor's D (1024 for extract_features.py)")
             projected = self.project_visual(feats)  # (B, S, P, H)
             vis = projected
             if self.step_embedding is not None:

@@ -12,13 +12,16 @@ first token of every image is a whole-image feature, then up to R regions; ``geo
 (b) :class:`RegionFeatureCache` reads detector features that ``scripts/extract_features.py``
     wrote (Faster R-CNN RoI box-head features, 1024-d, one file per image keyed by
     :func:`feature_key`) -- for real images, where running a detector in the training loop would
-    cost seconds per image.
+    cost seconds per image.  ``data.collator.region_features=DIR`` makes the collator attach them
+    to every batch (``visual_feats`` = features + geometry, ``patch_mask``) for an encoder without a
+    visual backbone (``configs/encoder/visualbert_detector.yaml``).
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -105,34 +108,70 @@ class RegionFeatureCache:
     def __init__(self, cache_dir: str | Path, max_regions: int = 36):
         self.cache_dir = Path(cache_dir)
         self.max_regions = int(max_regions)
+        self._dim: Optional[int] = None
 
     def file(self, image_path: str | Path) -> Path:
         return self.cache_dir / f"{feature_key(image_path)}.pt"
 
+    def feature_dim(self) -> int:
+        """D of the cached features, read from any one file of the folder (a batch without images needs it)."""
+        if self._dim is None:
+            first = None
+            if self.cache_dir.is_dir():
+                with os.scandir(self.cache_dir) as entries:  # one file suffices: no listing of a large folder
+                    first = next((e.path for e in entries if e.name.endswith(".pt")), None)
+            if first is None:
+                raise FileNotFoundError(f"no cached region features in {self.cache_dir}; run python "
+                                        f"scripts/extract_features.py PROCEDURES.jsonl... --out {self.cache_dir} "
+                                        f"--weights DETECTOR.pth")
+            record = torch.load(first, map_location="cpu", weights_only=True)
+            self._dim = int(record["image_feature"].shape[-1])
+        return self._dim
+
     def load(self, image_path: str | Path) -> dict:
+        """The cached record of one image; a missing file or a malformed record is an error naming both."""
         f = self.file(image_path)
         if not f.is_file():
             raise FileNotFoundError(f"no cached region features for image {image_path} (expected {f}); run "
-                                    f"python scripts/extract_features.py --procedures ... --out {self.cache_dir}")
-        record = torch.load(f, map_location="cpu", weights_only=True)
+                                    f"python scripts/extract_features.py PROCEDURES.jsonl... --out {self.cache_dir} "
+                                    f"--weights DETECTOR.pth over the procedures that use this image")
+        try:
+            record = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as err:  # truncated / foreign file: name it (torch's message does not)
+            raise ValueError(f"{f}: cached region features of {image_path} cannot be read ({err}); delete the file "
+                             f"and rerun scripts/extract_features.py") from err
         for key in ("image_feature", "features", "boxes"):
             if key not in record:
                 raise ValueError(f"{f}: cached region features of {image_path} lack field {key!r}")
+        feat, regions, boxes = record["image_feature"], record["features"], record["boxes"]
+        if (feat.dim() != 1 or regions.dim() != 2 or regions.shape[1] != feat.shape[0]
+                or tuple(boxes.shape) != (regions.shape[0], 4)):
+            raise ValueError(f"{f}: cached region features of {image_path} have inconsistent shapes: image_feature "
+                             f"{tuple(feat.shape)}, features {tuple(regions.shape)}, boxes {tuple(boxes.shape)} "
+                             f"(expected (D,), (K, D), (K, 4))")
         return record
 
-    def batch(self, image_paths: Sequence[str | Path]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Features of several images in the common format (R = ``max_regions``)."""
-        records = [self.load(p) for p in image_paths]
-        D = int(records[0]["image_feature"].shape[-1]) if records else 0
+    def stack(self, records: Sequence[dict], dim: Optional[int] = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Loaded records in the common format (R = ``max_regions``, D = ``dim`` or the first record's)."""
         N, R = len(records), self.max_regions
+        D = int(dim) if dim is not None else (int(records[0]["image_feature"].shape[-1]) if records else 0)
         feats = torch.zeros(N, R, D)
         boxes = torch.zeros(N, R, 4)
         box_mask = torch.zeros(N, R, dtype=torch.bool)
         image_feat = torch.zeros(N, D)
         for i, rec in enumerate(records):  # I/O-bound loop over files, not model code
+            if int(rec["image_feature"].shape[-1]) != D:
+                raise ValueError(f"cached region features of {rec.get('path', f'record {i}')} are "
+                                 f"{int(rec['image_feature'].shape[-1])}-d, the others in {self.cache_dir} {D}-d "
+                                 f"(a cache folder must come from one extract_features.py configuration)")
             k = min(R, int(rec["features"].shape[0]))
             feats[i, :k] = rec["features"][:k].float()
             boxes[i, :k] = rec["boxes"][:k].float()
             box_mask[i, :k] = True
             image_feat[i] = rec["image_feature"].float()
         return with_whole_image(feats, image_feat, boxes, box_mask)
+
+    def batch(self, image_paths: Sequence[str | Path]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Features of several images in the common format (R = ``max_regions``)."""
+        return self.stack([self.load(p) for p in image_paths])

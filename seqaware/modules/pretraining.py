@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 
-from seqaware.encoders.base import SequenceEncoder, fusion_input, pack_steps
+from seqaware.encoders.base import SequenceEncoder, fusion_input
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
 from seqaware.modules.base import SeqawareModule, as_container
@@ -361,22 +361,11 @@ class PretrainingModule(SeqawareModule):
         """The encoder's fusion input of a collated batch.
 
         A batch that already carries ``visual_feats (B, S, P, D)`` (features cached by a frozen
-        backbone, e.g. region features extracted once) skips the visual backbone; otherwise
-        :func:`seqaware.encoders.base.fusion_input` runs it once per step image.
+        backbone, e.g. detector regions the collator attaches with ``data.collator.region_features``)
+        skips the visual backbone; otherwise :func:`seqaware.encoders.base.fusion_input` runs it once
+        per step image (see :func:`seqaware.encoders.base.step_visual_features`).
         """
-        if "visual_feats" not in batch:
-            return fusion_input(self.encoder, batch)
-        out: dict[str, torch.Tensor] = {}
-        step_mask = batch["step_mask"]
-        if self.encoder.uses_text:
-            out.update(pack_steps(batch["input_ids"], batch["attention_mask"], step_mask,
-                                  self.encoder.cls_token_id, self.encoder.pad_token_id))
-        if self.encoder.uses_images:
-            out["visual_feats"] = batch["visual_feats"]
-            out["visual_mask"] = batch["image_mask"] & step_mask
-            if batch.get("patch_mask") is not None:
-                out["patch_mask"] = batch["patch_mask"]
-        return out
+        return fusion_input(self.encoder, batch)
 
     def _world(self) -> int:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
