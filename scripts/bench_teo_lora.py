@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seqaware.teo.vlm import apply_lora  # noqa: E402
+from seqaware.teo.vlm import answer_loss, apply_lora  # noqa: E402
 from seqaware.teo.vlm import build_tiny_internvl, internvl_config_8b  # noqa: E402
 
 
@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--images", type=int, default=2, help="images (tiles) per example")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--full-logits", action="store_true",
+                    help="HF's loss over (B, T, vocabulary) logits instead of the answer-only head (the module's training loss)")
     args = ap.parse_args(argv)
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -95,7 +97,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-            loss = model(**batch).loss
+            if args.full_logits:
+                loss = model(**batch).loss
+            else:
+                loss = answer_loss(model, {k: v for k, v in batch.items() if k != "labels"}, batch["labels"])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -131,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "build_s": build_s,
     }
     print(f"config={args.config} device={where} batch={args.batch_size} bf16={args.bf16} grad_ckpt={args.grad_ckpt} "
-          f"steps={args.steps} (+{args.warmup} warm-up)")
+          f"steps={args.steps} (+{args.warmup} warm-up) loss={'full logits' if args.full_logits else 'answer-only head'}")
     print(f"params: {total / 1e9:.3f} B total, {trainable / 1e6:.2f} M trainable (LoRA); model built in {build_s:.1f} s")
     print(f"tokens/example {figures['tokens_per_example']:.0f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     print(f"examples/s {figures['examples_per_s']:.2f}  tokens/s {figures['tokens_per_s']:.0f}  "

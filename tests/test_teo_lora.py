@@ -284,3 +284,113 @@ def test_short_run_saves_best_adapter_and_checkpoint_reloads(compose_train, tmp_
     assert len(records) == 2 * 4 and {r["set"] for r in records} == {"original", "swapped"}
     assert all(r["pred"] in ("before", "after", "independent", "other") for r in records)
     json.dumps(records)  # train.py writes them as JSON lines
+
+
+# ------------------------------------------------------------- the MiniLM-decoder InternVL (tiny-minilm)
+@pytest.fixture(scope="module")
+def minilm_module() -> TeoLoraModule:
+    return TeoLoraModule(name_or_path="tiny-minilm", lora={"r": 8, "alpha": 16, "dropout": 0.0, "target": "language"},
+                         optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-2, "weight_decay": 0.0})
+
+
+@pytest.fixture(scope="module")
+def minilm_dm(tmp_path_factory) -> TeoPairsDataModule:
+    cache = tmp_path_factory.mktemp("teo_minilm_cache")
+    source = partial(synthetic_source, str(cache / "synthetic"), progress=False, **TINY_SYNTHETIC)
+    dm = TeoPairsDataModule(source, processor="tiny-minilm", modality="text", batch_size=4, eval_batch_size=4,
+                            max_length=512)
+    dm.setup()
+    return dm
+
+
+def test_minilm_internvl_is_the_pretrained_bert_as_a_decoder(minilm_module):
+    from transformers import BertModel
+
+    from seqaware.pretrained import resolve_name
+
+    base = minilm_module.model.get_base_model()
+    bert = BertModel.from_pretrained(resolve_name("offline:minilm"))
+    lm = base.model.language_model
+    assert lm.config.is_decoder
+    layer = lm.encoder.layer[3]
+    assert torch.equal(layer.attention.self.query.base_layer.weight, bert.encoder.layer[3].attention.self.query.weight)
+    assert torch.equal(layer.output.dense.weight, bert.encoder.layer[3].output.dense.weight)
+    words = bert.embeddings.word_embeddings.weight
+    assert torch.equal(lm.embeddings.word_embeddings.weight[: words.shape[0]], words)
+    assert torch.allclose(base.lm_head.weight[: words.shape[0]], 4.0 * words)  # head_scale 4
+    # LoRA sits on the attention projections only (BERT's names for q/k/v/o)
+    wrapped = {n.split(".lora_A")[0] for n, _ in minilm_module.named_parameters() if ".lora_A" in n}
+    assert {w.split("layer.")[1].split(".", 1)[1] for w in wrapped} == {
+        "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"}
+    assert len(wrapped) == 4 * 6
+
+
+def test_minilm_decoder_is_causal_and_left_padding_safe(minilm_module):
+    """A decoder must not see later tokens, and generation in a left-padded batch must match generating alone."""
+    module = minilm_module.eval()
+    tok = module.processor.tokenizer
+    ids = tok(["<|im_start|>user\nstep a description : put a red block on the floor .<|im_end|>\n"], return_tensors="pt")["input_ids"]
+    lm = module.model.get_base_model().model.language_model
+    with torch.no_grad():
+        full = lm(input_ids=ids).last_hidden_state
+        prefix = lm(input_ids=ids[:, :6]).last_hidden_state
+    assert torch.allclose(full[:, :6], prefix, atol=1e-5)
+    prompts = ["<|im_start|>user\nq1 : must step a be executed before step b ?<|im_end|>\n<|im_start|>assistant\n",
+               "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"]
+    batch = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    alone = tok(prompts[1:], return_tensors="pt")
+    with torch.no_grad():
+        together = module.model.generate(**batch, max_new_tokens=6, do_sample=False)[1, batch["input_ids"].shape[1]:]
+        single = module.model.generate(**alone, max_new_tokens=6, do_sample=False)[0, alone["input_ids"].shape[1]:]
+    assert together.tolist() == single.tolist()
+
+
+def test_minilm_labels_decode_to_a_parsable_answer(minilm_dm):
+    from seqaware.teo import parse_teo_answer
+
+    batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].pairs[:4])
+    tok = minilm_dm.processor.tokenizer
+    assert not (batch["input_ids"][:, 0] == tok.convert_tokens_to_ids("[CLS]")).any()  # no BERT [CLS] ... [SEP]
+    for row, pair in enumerate(batch["pairs"]):
+        answer = tok.decode(batch["labels"][row][batch["labels"][row] != IGNORE_INDEX], skip_special_tokens=True)
+        assert parse_teo_answer(answer, "instructions") == pair["label"]
+
+
+def test_answer_loss_equals_the_full_logits_loss(minilm_module, minilm_dm, teo_dm):
+    for module, dm in ((minilm_module, minilm_dm), (_tiny_module(), teo_dm)):
+        module.eval()
+        batch = dm.collator(train=True)(dm.datasets["train"].pairs[:4])
+        with torch.no_grad():
+            assert module.answer_loss(batch).item() == pytest.approx(module(batch).loss.item(), rel=1e-5)
+
+
+def test_minilm_lora_step_lowers_the_loss(minilm_dm):
+    module = TeoLoraModule(name_or_path="tiny-minilm", lora={"r": 8, "alpha": 16, "dropout": 0.0, "target": "language"},
+                           optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-2, "weight_decay": 0.0})
+    batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].pairs[:4])
+    optimizer = module.configure_optimizers()
+    module.eval()  # no dropout: compare the same function before and after the step
+    loss0 = module.answer_loss(batch)
+    loss0.backward()
+    optimizer.step()
+    with torch.no_grad():
+        assert module.answer_loss(batch) < loss0
+
+
+def test_prompt_longer_than_the_minilm_positions_is_a_clear_error(minilm_dm):
+    collator = minilm_dm.collator(train=True)
+    pair = dict(minilm_dm.datasets["train"].pairs[0])
+    pair["step_a"] = dict(pair["step_a"], text="stack the blocks " * 200)
+    with pytest.raises(ValueError, match="data.max_length=512"):
+        collator([pair])
+
+
+def test_teo_lora_synthetic_fast_dev_run(compose_train):
+    import train
+
+    cfg = compose_train("experiment=teo_lora_synthetic", "trainer.fast_dev_run=true", "data.eval_batch_size=4")
+    assert cfg.model.name_or_path == cfg.data.processor == "tiny-minilm"
+    assert cfg.data.max_length == 512 and cfg.trainer.accelerator == "cpu"
+    metrics = train.run(cfg)
+    assert metrics["test/teo_num_pairs"] >= 1
+    assert 0.0 <= metrics["test/teo_consistency_accuracy"] <= 1.0

