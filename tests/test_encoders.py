@@ -155,6 +155,23 @@ def test_step_embedding_flag_and_token_types(tiny_encoders):
         tt.copy_(saved)
 
 
+def test_visual_tokens_start_at_the_scale_of_the_word_embeddings():
+    """visual_scale=text: a projected visual token has the mean norm of a word embedding (a plain
+    LayerNorm gives sqrt(H), which drowns the position / token-type / step embeddings added to it)."""
+    torch.manual_seed(0)
+    feats = torch.randn(2, 3, 5, 64) * 3
+    enc = create_encoder("clipvil", **TINY_ENCODERS["clipvil"])
+    words = enc.word_embeddings.weight.detach().norm(dim=1).mean()
+    torch.testing.assert_close(enc.project_visual(feats).detach().norm(dim=-1), words.expand(2, 3, 5), rtol=1e-4, atol=0)
+    assert words < 0.2 * enc.hidden_size ** 0.5  # the rescaling is not a no-op for a BERT-initialised model
+    plain = create_encoder("clipvil", visual_scale=1.0, **TINY_ENCODERS["clipvil"])
+    torch.testing.assert_close(plain.project_visual(feats).detach().norm(dim=-1),
+                               torch.full((2, 3, 5), enc.hidden_size ** 0.5), rtol=1e-4, atol=0)
+    for bad in ("word", 0.0, -1.0):
+        with pytest.raises(ValueError, match="visual_scale"):
+            create_encoder("clipvil", visual_scale=bad, **TINY_ENCODERS["clipvil"])
+
+
 def test_image_only_encoder_starts_with_cls_from_the_text_model(tiny_encoders):
     enc = tiny_encoders["image"]
     torch.testing.assert_close(enc.cls_embedding.detach(), enc.word_embeddings.weight[enc.cls_token_id].detach())
