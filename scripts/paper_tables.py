@@ -15,7 +15,9 @@ Inputs:
   ``TEST_METRICS_JSON {...}`` line (the last one is used).
 
 Published numbers come from ``configs/paper_results.yaml`` (``--published``); a value missing there
-is shown as ``n/a``. Tables are printed and, with ``--out``, written as markdown (+ a JSON beside it).
+is shown as ``n/a``. Every published row is checked against the schema in that file's header
+(allowed names, fractions in [0, 1], tau in [-1, 1]); an error names the file, table, row and field.
+Tables are printed and, with ``--out``, written as markdown (+ a JSON beside it).
 """
 from __future__ import annotations
 
@@ -31,26 +33,83 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from seqaware.io import atomic_open  # noqa: E402
+from seqaware.metrics.teo import teo_report  # noqa: E402
 from seqaware.teo.prompts import MODALITIES, STRATEGIES  # noqa: E402
 
 DEFAULT_PUBLISHED = ROOT / "configs" / "paper_results.yaml"
 NA = "n/a"
 BASELINES = ("always independent", "majority", "random")
 SEQ_MODALITIES = ("text", "image", "multimodal")
+SEQ_DATASETS = ("recipeqa", "wikihow")
+# metric fields a published MATEO row may carry: the fraction-valued keys of teo_report
+TEO_METRICS = tuple(k for k in teo_report([], [], {}, {}) if not k.startswith("num_"))
+# per paper: the fields naming a row (with their allowed values) and its metric fields (with their range)
+ROW_SCHEMAS: dict[str, tuple[dict[str, tuple[str, ...]], dict[str, tuple[float, float]]]] = {
+    "mateo": ({"strategy": STRATEGIES, "modality": MODALITIES}, {m: (0.0, 1.0) for m in TEO_METRICS}),
+    "wu2022": ({"dataset": SEQ_DATASETS, "modality": SEQ_MODALITIES}, {"pmr": (0.0, 1.0), "tau": (-1.0, 1.0)}),
+}
 
 
 def load_published(path: str | Path) -> dict[str, Any]:
-    """The published-results file; each table row list is validated to hold mappings."""
+    """The published-results file, every row checked against its paper's schema (see the file's header).
+
+    An error names the file, the paper, the table, the row (index and model) and the field.
+    """
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"--published: no such file: {path}")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    for paper in ("mateo", "wu2022"):
-        for table in data.get(paper, {}).get("tables", []):
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise SystemExit(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, Mapping):
+        raise SystemExit(f"{path}: expected a mapping with the keys {', '.join(ROW_SCHEMAS)}")
+    unknown = sorted(set(data) - set(ROW_SCHEMAS))
+    if unknown:
+        raise SystemExit(f"{path}: unknown paper key(s) {unknown}; expected {', '.join(ROW_SCHEMAS)}")
+    for paper, entry in data.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("tables", []), list):
+            raise SystemExit(f"{path}: {paper}: expected a mapping with 'citation' and a list 'tables'")
+        for t, table in enumerate(entry.get("tables", [])):
+            if not isinstance(table, Mapping) or not isinstance(table.get("rows") or [], list):
+                raise SystemExit(f"{path}: {paper} table {t}: expected a mapping with 'name' and a list 'rows'")
+            name = table.get("name", f"table {t}")
+            seen: dict[tuple, int] = {}
             for i, row in enumerate(table.get("rows") or []):
-                if not isinstance(row, Mapping) or "model" not in row:
-                    raise SystemExit(f"{path}: {paper} {table.get('name')}: row {i} must be a mapping with a 'model'")
+                key = _check_row(f"{path}: {paper} {name}: row {i}", paper, row)
+                if key in seen:
+                    raise SystemExit(f"{path}: {paper} {name}: row {i} repeats row {seen[key]} {key}")
+                seen[key] = i
     return data
+
+
+def _check_row(where: str, paper: str, row: Any) -> tuple:
+    """Validate one published row; returns the fields that identify it (model + naming fields)."""
+    if not isinstance(row, Mapping):
+        raise SystemExit(f"{where}: must be a mapping, got {row!r}")
+    model = row.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise SystemExit(f"{where}: field 'model' must be a non-empty string (the name as printed in the paper)")
+    where = f"{where} ({model})"
+    naming, metrics = ROW_SCHEMAS[paper]
+    unknown = sorted(set(row) - {"model", *naming, *metrics})
+    if unknown:
+        raise SystemExit(f"{where}: unknown field(s) {unknown}; allowed: model, {', '.join(naming)}, {', '.join(metrics)}")
+    for field, allowed in naming.items():
+        if row.get(field) not in allowed:
+            raise SystemExit(f"{where}: field {field!r} is {row.get(field)!r}, expected one of {', '.join(allowed)}")
+    if not any(field in row for field in metrics):
+        raise SystemExit(f"{where}: no metric field; give at least one of {', '.join(metrics)} (a number or 'n/a')")
+    for field, (low, high) in metrics.items():
+        value = row.get(field, NA)
+        if value == NA:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            number = _number(value)
+            percent = low == 0.0 and number is not None and number > 1
+            hint = " (the paper prints percentages: write 45.2 % as 0.452)" if percent else ""
+            raise SystemExit(f"{where}: field {field!r} is {value!r}, expected a number in [{low:g}, {high:g}] or 'n/a'{hint}")
+    return (model, *(row[field] for field in naming))
 
 
 def _number(value: Any) -> float | None:
@@ -178,7 +237,7 @@ def sequencing_layout(entries: Sequence[tuple[str, str, str, Mapping[str, float]
     Datasets: recipeqa and wikihow first (the papers' order), then any other in order of appearance.
     Rows are grouped by modality (text, image, multimodal, then others), ours before published.
     """
-    datasets: list[str] = [d for d in ("recipeqa", "wikihow")]
+    datasets: list[str] = list(SEQ_DATASETS)
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for name, dataset, modality, metrics in entries:
         if dataset not in datasets:

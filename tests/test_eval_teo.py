@@ -334,12 +334,96 @@ def test_paper_tables_layout(tmp_path):
 
 def test_paper_tables_default_published_file_has_no_invented_numbers():
     tables = _load_paper_tables()
-    data = tables.load_published(tables.DEFAULT_PUBLISHED)
+    data = tables.load_published(tables.DEFAULT_PUBLISHED)     # every row checked against its schema
+    assert set(data) == {"mateo", "wu2022"}
+    names = {paper: [t["name"] for t in data[paper]["tables"]] for paper in data}
+    assert names == {"mateo": ["Table 3", "Table 4"], "wu2022": ["Table 2", "Table 3"]}
+    text = tables.DEFAULT_PUBLISHED.read_text(encoding="utf-8")
     for paper in ("mateo", "wu2022"):
         assert data[paper]["citation"]
         for table in data[paper]["tables"]:
+            assert table["what"] and isinstance(table["rows"], list)
+            # each table carries a source comment (arXiv id + its table number) right above it
+            assert f"Table {table['name'].split()[-1]})\n    - name: \"{table['name']}\"" in text
             for row in table["rows"]:
                 assert all(v == "n/a" or isinstance(v, (str, int, float)) for v in row.values())
+
+
+def test_paper_tables_metric_fields_follow_teo_report():
+    from seqaware.metrics.teo import teo_report
+
+    tables = _load_paper_tables()
+    report = teo_report([], [], {}, {})
+    assert set(tables.TEO_METRICS) == {k for k in report if not k.startswith("num_")}
+    assert "consistency_accuracy" in tables.TEO_METRICS and "macro_f1" in tables.TEO_METRICS
+
+
+GOOD_MATEO_ROW = "{model: BigVLM, strategy: cot, modality: image_text, consistency_accuracy: 0.25, other_rate: n/a}"
+GOOD_WU_ROW = "{model: CLIP-ViL, dataset: wikihow, modality: multimodal, pmr: 0.3, tau: -0.5}"
+
+
+def _published_file(tmp_path, mateo_rows=(GOOD_MATEO_ROW,), wu_rows=(GOOD_WU_ROW,), extra=""):
+    def rows(items):
+        return "".join(f"        - {r}\n" for r in items) if items else "        []\n"
+
+    path = tmp_path / "published.yaml"
+    path.write_text("mateo:\n  citation: M\n  tables:\n    - name: Table 3\n      rows:\n" + rows(mateo_rows)
+                    + "wu2022:\n  citation: W\n  tables:\n    - name: Table 2\n      rows:\n" + rows(wu_rows) + extra)
+    return path
+
+
+def test_paper_tables_published_rows_accepted(tmp_path):
+    tables = _load_paper_tables()
+    data = tables.load_published(_published_file(tmp_path))
+    assert data["mateo"]["tables"][0]["rows"][0]["consistency_accuracy"] == 0.25
+    assert data["wu2022"]["tables"][0]["rows"][0]["tau"] == -0.5
+    # the same model on another dataset or modality is another row
+    tables.load_published(_published_file(tmp_path, wu_rows=(GOOD_WU_ROW, GOOD_WU_ROW.replace("wikihow", "recipeqa"))))
+
+
+@pytest.mark.parametrize("mateo_rows, wu_rows, message", [
+    ((GOOD_MATEO_ROW,), ("{model: CLIP-ViL, dataset: recipeqa, modality: multimodal, pmr: 45.2, tau: 0.5}",),
+     r"wu2022 Table 2: row 0 \(CLIP-ViL\): field 'pmr' is 45.2, expected a number in \[0, 1\].*0\.452"),
+    ((GOOD_MATEO_ROW,), ("{model: CLIP-ViL, dataset: recipeqa, modality: multimodal, pmr: 0.4, tau: 1.5}",),
+     r"row 0 \(CLIP-ViL\): field 'tau' is 1.5, expected a number in \[-1, 1\]"),
+    ((GOOD_MATEO_ROW,), ("{model: CLIP-ViL, dataset: recipeqa, modality: multimodal, pmr: '0.4'}",),
+     r"field 'pmr' is '0.4'"),
+    ((GOOD_MATEO_ROW,), ("{model: CLIP-ViL, dataset: recipe, modality: multimodal, pmr: 0.4}",),
+     r"field 'dataset' is 'recipe', expected one of recipeqa, wikihow"),
+    ((GOOD_MATEO_ROW,), ("{model: CLIP-ViL, dataset: recipeqa, modality: multimodal, PMR: 0.4}",),
+     r"unknown field\(s\) \['PMR'\]"),
+    ((GOOD_MATEO_ROW,), ("{model: CLIP-ViL, dataset: recipeqa, modality: multimodal}",), r"no metric field"),
+    ((GOOD_MATEO_ROW,), ("{dataset: recipeqa, modality: multimodal, pmr: 0.4}",), r"row 0: field 'model'"),
+    ((GOOD_MATEO_ROW,), (GOOD_WU_ROW, GOOD_WU_ROW), r"wu2022 Table 2: row 1 repeats row 0"),
+    (("{model: BigVLM, strategy: few_shot, modality: text, macro_f1: 0.3}",), (GOOD_WU_ROW,),
+     r"mateo Table 3: row 0 \(BigVLM\): field 'strategy' is 'few_shot', expected one of baseline, instructions"),
+    (("{model: BigVLM, strategy: cot, modality: image+text, macro_f1: 0.3}",), (GOOD_WU_ROW,),
+     r"field 'modality' is 'image\+text', expected one of image, text, image_text"),
+    (("{model: BigVLM, strategy: cot, modality: text, accuracy: 0.3}",), (GOOD_WU_ROW,), r"unknown field\(s\) \['accuracy'\]"),
+    (("{model: BigVLM, strategy: cot, modality: text, macro_f1: 61.0}",), (GOOD_WU_ROW,), r"field 'macro_f1' is 61.0"),
+    (("[BigVLM, cot, text]",), (GOOD_WU_ROW,), r"mateo Table 3: row 0: must be a mapping"),
+])
+def test_paper_tables_published_row_errors(tmp_path, mateo_rows, wu_rows, message):
+    tables = _load_paper_tables()
+    path = _published_file(tmp_path, mateo_rows, wu_rows)
+    with pytest.raises(SystemExit, match=message) as err:
+        tables.load_published(path)
+    assert str(path) in str(err.value)
+
+
+def test_paper_tables_published_file_errors(tmp_path):
+    tables = _load_paper_tables()
+    with pytest.raises(SystemExit, match=r"unknown paper key\(s\) \['wu2O22'\]"):
+        tables.load_published(_published_file(tmp_path, extra="wu2O22:\n  citation: typo\n"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mateo: [1, 2\n")
+    with pytest.raises(SystemExit, match="not valid YAML"):
+        tables.load_published(bad)
+    bad.write_text("mateo:\n  tables:\n    - name: Table 3\n      rows: {model: x}\n")
+    with pytest.raises(SystemExit, match="mateo table 0: expected a mapping with 'name' and a list 'rows'"):
+        tables.load_published(bad)
+    with pytest.raises(SystemExit, match="no such file"):
+        tables.load_published(tmp_path / "missing.yaml")
 
 
 def test_paper_tables_errors(tmp_path):
