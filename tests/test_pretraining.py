@@ -423,3 +423,25 @@ def test_wandb_sample_table_at_validation(compose_train, tmp_path, monkeypatch):
     table = json.loads(tables[0].read_text())
     assert table["columns"][:4] == ["id", "steps", "images", "text"] and "mlm_prediction" in table["columns"]
     assert len(table["data"]) == 4
+
+
+def test_rank_scope_validation_batches_get_different_corruption():
+    """generator_scope=rank: each validation batch draws its own swaps (seeded by the batch index),
+    while the same batch index gets the same corruption at every validation."""
+    module = tiny_module("isp", generator_scope="rank").eval()
+    seen = []
+    compute = module.compute_losses
+
+    def spy(batch, names, when, fusion=None):
+        out = compute(batch, names, when, fusion=fusion)
+        seen.append(out[2]["targets"]["isp_labels"])
+        return out
+
+    module.compute_losses = spy
+    module.log_dict = lambda *args, **kwargs: None
+    batch = toy_batch(16, 0, toy_world())
+    with torch.no_grad():
+        for batch_idx in (0, 1, 0):
+            module._eval_step("val", batch, batch_idx)
+    assert not torch.equal(seen[0], seen[1])
+    assert torch.equal(seen[0], seen[2])

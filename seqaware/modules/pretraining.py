@@ -434,15 +434,21 @@ class PretrainingModule(SeqawareModule):
 
     def _eval_step(self, stage: str, batch: dict, batch_idx: int) -> None:
         """Every enabled objective on the same batch (each with MLM when enabled), corruption seeded
-        by ``"eval"`` instead of the step so every evaluation pass sees the same corruption."""
+        by ``"eval"`` instead of the step so every evaluation pass sees the same corruption.
+
+        With ``generator_scope: rank`` the seed also takes the batch index: one generator per rank
+        would otherwise draw the same swap decisions and mask positions at every batch position of
+        every validation batch (64 validation sequences = 4 copies of 16 labels, and a constant
+        prediction scores the majority share of those 16, e.g. 0.75 for PISP, not 0.5)."""
         always, rotating = self.schedule.always, self.schedule.rotating
         groups = [always + (name,) for name in rotating] or [always]
         fusion = self.fusion(batch)
+        when = "eval" if self.generator_scope == "sample" else f"eval-{batch_idx}"
         sums: dict[str, list[torch.Tensor]] = {}
         totals = []
         first_extra = None
         for group in groups:
-            loss, logs, extra = self.compute_losses(batch, group, "eval", fusion=fusion)
+            loss, logs, extra = self.compute_losses(batch, group, when, fusion=fusion)
             totals.append(loss)
             first_extra = first_extra or (group, extra)
             for key, value in logs.items():
