@@ -155,6 +155,28 @@ def test_step_embedding_flag_and_token_types(tiny_encoders):
         tt.copy_(saved)
 
 
+def test_without_step_embedding_sequence_positions_order_the_images():
+    """wu2022 (no step embedding): with per-image positions two swapped images give the same CLS (ISP
+    would be impossible); with positions running over the images they do not."""
+    torch.manual_seed(0)
+    kwargs = dict(TINY_ENCODERS["clipvil"], step_embedding=False)
+    per_image = create_encoder("clipvil", visual_positions="image", **kwargs).eval()
+    sequence = create_encoder("clipvil", visual_positions="sequence", **kwargs).eval()
+    sequence.load_state_dict(per_image.state_dict())
+    batch = fake_batch(B=1)
+    batch["input_ids"][:] = 0  # no text: only the images' order can tell the two inputs apart
+    batch["attention_mask"][:] = 0
+    batch["image_mask"][:] = True
+    swapped = dict(batch, pixel_values=batch["pixel_values"][:, [2, 1, 0]])
+    with torch.no_grad():
+        same = [per_image(fusion_input(per_image, b)).cls for b in (batch, swapped)]
+        diff = [sequence(fusion_input(sequence, b)).cls for b in (batch, swapped)]
+    torch.testing.assert_close(same[0], same[1], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(diff[0], diff[1], atol=1e-4)
+    with pytest.raises(ValueError, match="visual_positions"):
+        create_encoder("clipvil", visual_positions="steps", **kwargs)
+
+
 def test_visual_tokens_start_at_the_scale_of_the_word_embeddings():
     """visual_scale=text: a projected visual token has the mean norm of a word embedding (a plain
     LayerNorm gives sqrt(H), which drowns the position / token-type / step embeddings added to it)."""

@@ -66,6 +66,12 @@ def test_wu2022_preset_rows(compose_train):
     assert cfg.model.optimizer.lr == 1e-5 and cfg.trainer.max_epochs == 5
     cfg = compose_train("experiment=order_baseline", "hparams=wu2022", "stage=finetune_text")
     assert cfg.model.optimizer.lr == 5e-6 and cfg.trainer.max_epochs == 5
+    # Wu et al.: no step-index embedding; the visual tokens' positions run over the images instead
+    plain = compose_train("experiment=clipvil_pretrain")
+    assert plain.model.encoder.step_embedding is True and plain.model.encoder.visual_positions == "image"
+    cfg = compose_train("experiment=clipvil_pretrain", "hparams=wu2022")
+    assert cfg.model.encoder.step_embedding is False and cfg.model.encoder.visual_positions == "sequence"
+    assert "encoder" not in compose_train("experiment=order_baseline", "hparams=wu2022").model
 
 
 def _short_run(compose_train, *extra):

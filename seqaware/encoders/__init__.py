@@ -57,11 +57,12 @@ def create_encoder(name: str, ckpt: Optional[str] = None, **cfg: Any) -> Sequenc
 
 
 @register_encoder("text")
-def text_encoder(step_embedding: bool = False, **cfg: Any) -> SequenceEncoder:
+def text_encoder(step_embedding: bool = False, visual_positions: str = "image", **cfg: Any) -> SequenceEncoder:
     """Text-only HF encoder (arguments of :class:`seqaware.encoders.text.TextEncoder`).
 
-    ``step_embedding`` is accepted so presets can set it for every encoder alike (the wu2022
-    preset turns it off); the text-only encoder has none, so ``true`` is an error.
+    ``step_embedding`` and ``visual_positions`` are accepted so presets can set them for every
+    encoder alike (the wu2022 preset turns the step embedding off); the text-only encoder has no
+    step embedding, so ``true`` is an error, and no visual tokens, so ``visual_positions`` is unused.
     """
     from seqaware.encoders.text import TextEncoder
 

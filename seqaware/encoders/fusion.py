@@ -68,6 +68,10 @@ class SingleStreamEncoder(SequenceEncoder):
         geometry: the visual features carry 7 box-geometry dims (default: True with ``regions``).
         visual_feature_dim: D of precomputed features (excluding geometry) when ``visual`` is None.
         step_embedding: add a learned step-index embedding (off in the wu2022 preset).
+        visual_positions: position ids of the visual tokens: ``image`` (0..P-1 in every image; the
+            step embedding tells the images apart) or ``sequence`` (0..S*P-1 over the images in
+            order, as the text tokens run over the steps: what orders the images when the step
+            embedding is off, as in the wu2022 preset).
         max_steps: size of the step embedding table.
         attn_implementation: ``sdpa`` (default) or ``eager``.
         gradient_checkpointing: recompute transformer activations in backward.
@@ -82,7 +86,7 @@ class SingleStreamEncoder(SequenceEncoder):
                  tokenizer: Optional[str] = None, visual: Optional[Mapping] = None, modality: str = "multimodal",
                  regions: Optional[Mapping] = None, geometry: Optional[bool] = None,
                  visual_feature_dim: Optional[int] = None, step_embedding: bool = True, max_steps: int = 16,
-                 attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
+                 visual_positions: str = "image", attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
                  visual_ckpt: Optional[str] = None, visual_scale: str | float = "text"):
         super().__init__()
         if modality not in MODALITIES:
@@ -137,6 +141,9 @@ class SingleStreamEncoder(SequenceEncoder):
             with torch.no_grad():
                 self.visual_norm.weight.fill_(self._visual_gain(visual_scale))
         self.max_steps = int(max_steps)
+        if visual_positions not in ("image", "sequence"):
+            raise ValueError(f"model.encoder.visual_positions must be 'image' or 'sequence', got {visual_positions!r}")
+        self.visual_positions = visual_positions
         self.step_embedding = nn.Embedding(self.max_steps, H) if step_embedding else None
         if self.step_embedding is not None:
             nn.init.normal_(self.step_embedding.weight, std=init_std)
@@ -253,7 +260,14 @@ class SingleStreamEncoder(SequenceEncoder):
             embeds.append(vis.reshape(B, S * P, H))
             masks.append(vmask.reshape(B, S * P))
             types.append(torch.ones(B, S * P, dtype=torch.long, device=device))
-            positions.append(torch.arange(P, device=device).repeat(S).expand(B, S * P))
+            if self.visual_positions == "sequence":
+                if S * P - 1 + self.position_offset >= self.max_positions:
+                    raise ValueError(f"{S} images x {P} visual tokens exceed the text model's {self.max_positions} "
+                                     "positions with model.encoder.visual_positions=sequence; use 'image' (with the "
+                                     "step embedding) or fewer steps / visual tokens")
+                positions.append(torch.arange(S * P, device=device).expand(B, S * P))
+            else:
+                positions.append(torch.arange(P, device=device).repeat(S).expand(B, S * P))
 
         inputs = torch.cat(embeds, dim=1).to(self.word_embeddings.weight.dtype)
         out = self.backbone(inputs_embeds=inputs, attention_mask=torch.cat(masks, dim=1).long(),
