@@ -94,13 +94,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.01)
     batch = make_batch(model, args.batch_size, args.text_tokens, args.answer_tokens, args.images, device)
     tokens_per_step = batch["input_ids"].numel()
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             if args.full_logits:
                 loss = model(**batch).loss
             else:
-                loss = answer_loss(model, {k: v for k, v in batch.items() if k != "labels"}, batch["labels"])
+                loss = answer_loss(model, inputs, batch["labels"])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -34,7 +34,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from seqaware.metrics.teo import teo_report
 from seqaware.modules.base import SeqawareModule, as_container
 from seqaware.teo import parse_teo_answer
-from seqaware.teo.vlm import MINILM_NAME, answer_loss, apply_lora, build_minilm_internvl, build_tiny_internvl, load_internvl
+from seqaware.teo.vlm import BUILT_IN_MODELS, answer_loss, apply_lora, load_internvl
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,8 @@ class TeoLoraModule(SeqawareModule):
 
     @staticmethod
     def _build(name: str, tiny: dict, seed: int, dtype: str, attn: str | None, lora: dict) -> tuple[Any, Any]:
-        if name in ("tiny", MINILM_NAME):
-            build = build_tiny_internvl if name == "tiny" else build_minilm_internvl
-            base, processor = build(seed, **tiny)
+        if name in BUILT_IN_MODELS:
+            base, processor = BUILT_IN_MODELS[name][0](seed, **tiny)
             base = base.to(_dtype(dtype))
         else:
             base, processor = load_internvl(name, dtype=_dtype(dtype), attn_implementation=attn)

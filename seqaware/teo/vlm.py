@@ -293,13 +293,17 @@ def build_minilm_internvl(seed: int = 0, vision_hidden: int = 32, vision_layers:
     return model, processor
 
 
+BUILT_IN_MODELS = {
+    "tiny": (build_tiny_internvl, load_tiny_processor),
+    MINILM_NAME: (build_minilm_internvl, load_minilm_processor),
+}
+"""``model.name_or_path`` values built in code (no download): ``(build(seed, **arch), load_processor())``."""
+
+
 def load_processor(name_or_path: str) -> Any:
-    """The processor named by a config: ``tiny`` (the repository's tiny processor), ``tiny-minilm``
-    (:func:`load_minilm_processor`) or a checkpoint."""
-    if name_or_path == "tiny":
-        return load_tiny_processor()
-    if name_or_path == MINILM_NAME:
-        return load_minilm_processor()
+    """The processor named by a config: a built-in model's (:data:`BUILT_IN_MODELS`) or a checkpoint's."""
+    if name_or_path in BUILT_IN_MODELS:
+        return BUILT_IN_MODELS[name_or_path][1]()
     from transformers import AutoProcessor
 
     return from_pretrained(AutoProcessor.from_pretrained, name_or_path, what="InternVL processor",
