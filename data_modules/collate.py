@@ -160,8 +160,10 @@ class StepCollator:
             size = self.transform.size
             pixels = torch.empty(batch_size, num_steps, 3, size, size)
             image_mask = torch.zeros(batch_size, num_steps, dtype=torch.bool)
-            boxes = torch.zeros(batch_size, num_steps, max(self.max_boxes, 1), 4)
-            box_mask = torch.zeros(batch_size, num_steps, max(self.max_boxes, 1), dtype=torch.bool)
+            object_boxes = bool(self.max_boxes) and self.region_cache is None  # else max_boxes counts detector regions
+            if object_boxes:
+                boxes = torch.zeros(batch_size, num_steps, self.max_boxes, 4)
+                box_mask = torch.zeros(batch_size, num_steps, self.max_boxes, dtype=torch.bool)
             blank = self.transform.blank()
             for b, it in enumerate(items):
                 for s in range(num_steps):
@@ -170,7 +172,7 @@ class StepCollator:
                         continue
                     step = it.steps[s]
                     pixels[b, s], image_mask[b, s], img_size = self._image(it, step)
-                    if self.max_boxes and self.region_cache is None and img_size is not None and step.boxes:
+                    if object_boxes and img_size is not None and step.boxes:
                         w, h = img_size
                         kept = torch.tensor(step.boxes[: self.max_boxes], dtype=torch.float32)
                         kept /= torch.tensor([w, h, w, h], dtype=torch.float32)
@@ -180,6 +182,6 @@ class StepCollator:
             batch["image_mask"] = image_mask
             if self.region_cache is not None:
                 batch["visual_feats"], batch["patch_mask"] = self._region_features(items, image_mask)
-            elif self.max_boxes:
+            elif object_boxes:
                 batch["boxes"], batch["box_mask"] = boxes, box_mask
         return batch
