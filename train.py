@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 
 import seqaware.config  # noqa: F401  (registers the config resolvers)
 from seqaware.checkpoint_io import AtomicCheckpointIO
-from seqaware.io import write_jsonl
+from seqaware.io import format_test_metrics, write_jsonl
 
 log = logging.getLogger("seqaware.train")
 
@@ -99,7 +98,7 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
             print("test metrics:")
             for key in sorted(test_metrics):
                 print(f"  {key}: {test_metrics[key]:.4f}")
-            print("TEST_METRICS_JSON " + json.dumps(test_metrics, sort_keys=True))
+            print(format_test_metrics(test_metrics))
             sys.stdout.flush()
     return metrics
 

@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from seqaware.io import atomic_open  # noqa: E402
+from seqaware.io import atomic_open, parse_test_metrics  # noqa: E402
 from seqaware.metrics.teo import teo_report  # noqa: E402
 from seqaware.teo.prompts import MODALITIES, STRATEGIES  # noqa: E402
 
@@ -217,13 +217,12 @@ def read_metrics(path: str | Path) -> dict[str, float]:
     try:
         metrics = json.loads(text)
     except json.JSONDecodeError:
-        lines = [line for line in text.splitlines() if line.startswith("TEST_METRICS_JSON ")]
-        if not lines:
-            raise SystemExit(f"{path}: neither a JSON metrics dict nor a log with a TEST_METRICS_JSON line") from None
         try:
-            metrics = json.loads(lines[-1][len("TEST_METRICS_JSON "):])
+            metrics = parse_test_metrics(text)
         except json.JSONDecodeError as err:
             raise SystemExit(f"{path}: malformed TEST_METRICS_JSON line ({err})") from None
+        if metrics is None:
+            raise SystemExit(f"{path}: neither a JSON metrics dict nor a log with a TEST_METRICS_JSON line") from None
     if isinstance(metrics, Mapping) and isinstance(metrics.get("metrics"), Mapping):
         metrics = metrics["metrics"]
     if not isinstance(metrics, Mapping):

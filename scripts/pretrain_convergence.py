@@ -34,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from seqaware.io import parse_test_metrics  # noqa: E402
+
 DEFAULT_RUNS = ("clipvil_pretrain:mlm_isp_smrm", "clip_image_pretrain:isp_pisp")
 OBJECTIVE_ORDER = ("mlm", "isp", "pisp", "smrm")
 
@@ -60,11 +62,8 @@ def read_validations(path: Path) -> list[dict[str, float]]:
 
 
 def test_metrics(stdout: str) -> dict[str, float]:
-    """The ``TEST_METRICS_JSON {...}`` line train.py prints after testing."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("TEST_METRICS_JSON "):
-            return json.loads(line[len("TEST_METRICS_JSON "):])
-    return {}
+    """The ``TEST_METRICS_JSON {...}`` line train.py prints after testing ({} without one)."""
+    return parse_test_metrics(stdout) or {}
 
 
 def objective_steps(objectives: str, steps: int, seed: int) -> dict[str, int]:

@@ -47,3 +47,23 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             count += 1
     return count
+
+
+TEST_METRICS_MARKER = "TEST_METRICS_JSON "
+"""Prefix of the line in which ``train.py`` prints its test metrics as JSON (read back by scripts)."""
+
+
+def format_test_metrics(metrics: dict) -> str:
+    """The ``TEST_METRICS_JSON {...}`` line ``train.py`` prints after testing."""
+    return TEST_METRICS_MARKER + json.dumps(metrics, sort_keys=True)
+
+
+def parse_test_metrics(text: str) -> dict | None:
+    """The metrics of the last ``TEST_METRICS_JSON`` line in ``text`` (a run's output); None without one.
+
+    A malformed line raises :class:`json.JSONDecodeError`.
+    """
+    for line in reversed(text.splitlines()):
+        if line.startswith(TEST_METRICS_MARKER):
+            return json.loads(line[len(TEST_METRICS_MARKER):])
+    return None
