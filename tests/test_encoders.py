@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from seqaware.encoders import ENCODERS, create_encoder, fusion_input, list_encoders, load_encoder_checkpoint
 from seqaware.encoders.regions import BoxRegionFeatures, RegionFeatureCache, box_geometry
@@ -192,6 +193,23 @@ def test_visual_tokens_start_at_the_scale_of_the_word_embeddings():
     for bad in ("word", 0.0, -1.0):
         with pytest.raises(ValueError, match="visual_scale"):
             create_encoder("clipvil", visual_scale=bad, **TINY_ENCODERS["clipvil"])
+
+
+def test_step_embedding_init_std():
+    """step_init_std sets the step embedding's initial spread (default: the text model's
+    initializer_range); every encoder config with visual tokens exposes the key."""
+    torch.manual_seed(0)
+    default = create_encoder("clipvil", **TINY_ENCODERS["clipvil"])
+    wide = create_encoder("clipvil", step_init_std=0.1, **TINY_ENCODERS["clipvil"])
+    init_range = default.backbone.config.initializer_range
+    assert abs(float(default.step_embedding.weight.std()) - init_range) < 0.15 * init_range
+    assert abs(float(wide.step_embedding.weight.std()) - 0.1) < 0.015
+    for bad in (0.0, -0.1):
+        with pytest.raises(ValueError, match="step_init_std"):
+            create_encoder("clipvil", step_init_std=bad, **TINY_ENCODERS["clipvil"])
+    for name in ("clipvil", "image", "visualbert", "visualbert_detector"):
+        cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "encoder" / f"{name}.yaml")
+        assert "step_init_std" in cfg and cfg.step_init_std is None, name
 
 
 def test_image_only_encoder_starts_with_cls_from_the_text_model(tiny_encoders):

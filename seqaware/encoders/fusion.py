@@ -21,6 +21,11 @@ Input sequence (Wu et al. 2022, sec. 4; VisualBERT / CLIP-ViL style)::
   512-position model.
 * Optional step embedding (``step_embedding``): a learned vector per step index added to every
   text token of step k and every visual token of image k (the step-less CLS / SEP tokens get none).
+  Its initial spread is ``step_init_std`` (default: the text model's initializer range, 0.02).
+  The step vector is the only thing that tells the images' steps apart (their position ids restart
+  at 0): at 0.02 next to pretrained word / position embeddings the transformer is slow to use it and
+  ISP stays at chance for hundreds of steps; 0.1 moves ISP off chance sooner on frozen features but
+  also perturbs the text tokens it is added to (MLM starts slower), and 0.3 drowns them.
 * Image-only variant (``modality: image``): no text; a learned CLS vector (initialised from the text
   model's CLS embedding) starts the sequence.
 
@@ -68,6 +73,8 @@ class SingleStreamEncoder(SequenceEncoder):
         geometry: the visual features carry 7 box-geometry dims (default: True with ``regions``).
         visual_feature_dim: D of precomputed features (excluding geometry) when ``visual`` is None.
         step_embedding: add a learned step-index embedding (off in the wu2022 preset).
+        step_init_std: standard deviation of the step embedding's random initialisation (default:
+            the text model's ``initializer_range``, 0.02 for BERT / RoBERTa); see the module docstring.
         visual_positions: position ids of the visual tokens: ``image`` (0..P-1 in every image; the
             step embedding tells the images apart) or ``sequence`` (0..S*P-1 over the images in
             order, as the text tokens run over the steps: what orders the images when the step
@@ -87,7 +94,8 @@ class SingleStreamEncoder(SequenceEncoder):
                  regions: Optional[Mapping] = None, geometry: Optional[bool] = None,
                  visual_feature_dim: Optional[int] = None, step_embedding: bool = True, max_steps: int = 16,
                  visual_positions: str = "image", attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
-                 visual_ckpt: Optional[str] = None, visual_scale: str | float = "text"):
+                 visual_ckpt: Optional[str] = None, visual_scale: str | float = "text",
+                 step_init_std: Optional[float] = None):
         super().__init__()
         if modality not in MODALITIES:
             raise ValueError(f"SingleStreamEncoder modality must be one of {MODALITIES}, got {modality!r}")
@@ -146,7 +154,10 @@ class SingleStreamEncoder(SequenceEncoder):
         self.visual_positions = visual_positions
         self.step_embedding = nn.Embedding(self.max_steps, H) if step_embedding else None
         if self.step_embedding is not None:
-            nn.init.normal_(self.step_embedding.weight, std=init_std)
+            std = init_std if step_init_std is None else float(step_init_std)
+            if not std > 0:
+                raise ValueError(f"model.encoder.step_init_std must be a positive number, got {step_init_std!r}")
+            nn.init.normal_(self.step_embedding.weight, std=std)
         if modality == "image":
             self.cls_embedding = nn.Parameter(self.word_embeddings.weight[self.cls_token_id].detach().clone())
             # no text input: the word embeddings are never used (frozen, so DDP sees no unused parameters)
