@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from seqaware.encoders.base import step_visual_features  # noqa: E402
+
 
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
@@ -49,9 +51,10 @@ def cache_features(encoder, loader, count: int) -> list[dict]:
         if len(out) >= count:
             break
         batch = dict(batch)
-        pixels = batch.pop("pixel_values")
-        feats, _ = encoder.visual_features(pixels.flatten(0, 1))
-        batch["visual_feats"] = feats.view(*pixels.shape[:2], *feats.shape[1:])
+        batch["visual_feats"], patch_mask, _ = step_visual_features(encoder, batch)
+        if patch_mask is not None:
+            batch["patch_mask"] = patch_mask
+        del batch["pixel_values"]
         out.append(batch)
     return out
 
