@@ -82,28 +82,18 @@ def pair_length(pair: dict[str, Any], modality: str) -> int:
     return length
 
 
-def pair_group(pair: dict[str, Any]) -> tuple[str, int, int]:
-    """The key both presentations of a pair share: ``(procedure id, lower step, higher step)``."""
-    a, b = int(pair["a"]), int(pair["b"])
-    return (str(pair["procedure_id"]), min(a, b), max(a, b))
-
-
 class LengthBucketBatchSampler(Sampler[list[tuple[int, int]]]):
     """Micro-batches of similar length, for less padding (``mateo_fast``).
 
-    Per epoch: shuffle the units with ``(seed, epoch)`` -- a unit is one index, or with ``groups``
-    all indices that share a group key (e.g. both presentations of a TEO pair); cut them into
-    windows of ``batch_size * bucket_factor`` units; sort each window by length; pack the units of a
-    window into batches in that order, never splitting a unit (a batch that cannot take the next
-    unit is closed early, so a grouped batch may hold fewer than ``batch_size`` items); shuffle the
-    batch order. Under DDP each rank takes every ``num_replicas``-th batch (the batch list is padded
-    by repeating its first batches so all ranks get the same count). Yields lists of
+    Per epoch: shuffle all indices with ``(seed, epoch)``; cut them into windows of
+    ``batch_size * bucket_factor``; sort each window by length; cut windows into batches; shuffle
+    the batch order. Under DDP each rank takes every ``num_replicas``-th batch (the batch list is
+    padded by repeating its first batches so all ranks get the same count). Yields lists of
     ``(index, epoch)`` keys, like :class:`~data_modules.views.EpochSampler`.
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, bucket_factor: int = 50, shuffle: bool = True,
-                 drop_last: bool = False, seed: int = 0, num_replicas: int = 1, rank: int = 0,
-                 groups: Sequence[Any] | None = None):
+                 drop_last: bool = False, seed: int = 0, num_replicas: int = 1, rank: int = 0):
         if batch_size < 1 or bucket_factor < 1:
             raise ValueError(f"batch_size and bucket_factor must be >= 1, got {batch_size} and {bucket_factor}")
         self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
@@ -111,55 +101,24 @@ class LengthBucketBatchSampler(Sampler[list[tuple[int, int]]]):
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, int(seed)
         self.num_replicas, self.rank = int(num_replicas), int(rank)
         self.epoch = 0
-        if groups is None:
-            self.units = [[i] for i in range(len(self.lengths))]
-        else:
-            if len(groups) != len(self.lengths):
-                raise ValueError(f"groups has {len(groups)} keys for {len(self.lengths)} lengths")
-            members: dict[Any, list[int]] = {}
-            for i, key in enumerate(groups):
-                members.setdefault(key, []).append(i)
-            self.units = list(members.values())
-            too_big = [u for u in self.units if len(u) > self.batch_size]
-            if too_big:
-                raise ValueError(f"a group of {len(too_big[0])} items does not fit a batch of {self.batch_size}")
-        self.unit_lengths = torch.as_tensor([max(int(self.lengths[i]) for i in u) for u in self.units],
-                                            dtype=torch.long)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def _pack(self, units: list[int]) -> list[list[int]]:
-        batches: list[list[int]] = []
-        current: list[int] = []
-        for u in units:
-            members = self.units[u]
-            if len(current) + len(members) > self.batch_size:
-                batches.append(current)
-                current = []
-            current = current + members
-        if current:
-            batches.append(current)
-        return batches
-
-    def _batches_unsharded(self) -> list[list[int]]:
+    def _batches(self) -> list[list[int]]:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        n = len(self.units)
+        n = len(self.lengths)
         order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)
         window = self.batch_size * self.bucket_factor
         batches: list[list[int]] = []
         for start in range(0, n, window):
             chunk = order[start:start + window]
-            chunk = chunk[torch.argsort(self.unit_lengths[chunk], stable=True)]
-            batches += self._pack(chunk.tolist())
+            chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)]
+            batches += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
         if self.drop_last:
             batches = [b for b in batches if len(b) == self.batch_size]
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
-        return batches
-
-    def _batches(self) -> list[list[int]]:
-        batches = self._batches_unsharded()
         if self.num_replicas > 1 and batches:
             per_rank = -(-len(batches) // self.num_replicas)
             batches += batches[: per_rank * self.num_replicas - len(batches)]
@@ -170,16 +129,14 @@ class LengthBucketBatchSampler(Sampler[list[tuple[int, int]]]):
         return iter([[(i, self.epoch) for i in batch] for batch in self._batches()])
 
     def __len__(self) -> int:
-        if len(self.units) != len(self.lengths):  # grouped: this epoch's packing decides the count
-            count = len(self._batches_unsharded())
+        n = len(self.lengths)
+        window = self.batch_size * self.bucket_factor
+        if self.drop_last:
+            count = sum(min(window, n - s) // self.batch_size for s in range(0, n, window))
         else:
-            n = len(self.lengths)
-            window = self.batch_size * self.bucket_factor
-            if self.drop_last:
-                count = sum(min(window, n - s) // self.batch_size for s in range(0, n, window))
-            else:
-                count = sum(math.ceil(min(window, n - s) / self.batch_size) for s in range(0, n, window))
+            count = sum(math.ceil(min(window, n - s) / self.batch_size) for s in range(0, n, window))
         return -(-count // self.num_replicas) if self.num_replicas > 1 else count
+
 
 class TeoChatCollator:
     """Pairs -> processor outputs (see the module docstring for padding and labels).
@@ -290,8 +247,6 @@ class TeoPairsDataModule(pl.LightningDataModule):
         batch_size / eval_batch_size: micro-batch sizes (training / generation).
         bucket_by_length: group training micro-batches by length (:class:`LengthBucketBatchSampler`).
         bucket_factor: batches per sorting window of the bucketing sampler.
-        group_presentations: with ``bucket_by_length``, both presentations of a dependent training
-            pair (``before`` and its swapped ``after``) go into the same micro-batch.
         max_length: optional sequence length cap (a longer example is an error).
         max_train_pairs / max_eval_pairs: optional caps (first pairs after the seeded shuffle /
             first original pairs), for quick runs.
@@ -303,7 +258,7 @@ class TeoPairsDataModule(pl.LightningDataModule):
     def __init__(self, source: Callable[..., dict[str, list[Procedure]]], processor: str = "tiny",
                  modality: str = "image_text", strategy: str = "instructions", resplit: Sequence[float] | None = None,
                  batch_size: int = 1, eval_batch_size: int = 8, bucket_by_length: bool = False, bucket_factor: int = 50,
-                 group_presentations: bool = False, max_length: int | None = None, max_train_pairs: int | None = None, max_eval_pairs: int | None = None,
+                 max_length: int | None = None, max_train_pairs: int | None = None, max_eval_pairs: int | None = None,
                  num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False, seed: int = 0,
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
                  prompts_dir: str | None = None):
@@ -316,10 +271,6 @@ class TeoPairsDataModule(pl.LightningDataModule):
         self.resplit = list(resplit) if resplit is not None else None
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.bucket_by_length, self.bucket_factor = bucket_by_length, int(bucket_factor)
-        if group_presentations and not bucket_by_length:
-            raise ValueError("data.group_presentations needs data.bucket_by_length=true (the bucketing sampler "
-                             "forms the groups)")
-        self.group_presentations = bool(group_presentations)
         self.max_length = max_length
         self.max_train_pairs, self.max_eval_pairs = max_train_pairs, max_eval_pairs
         self.num_workers, self.pin_memory = num_workers, pin_memory
@@ -394,9 +345,8 @@ class TeoPairsDataModule(pl.LightningDataModule):
         replicas, rank = self._replicas()
         if self.bucket_by_length:
             lengths = [pair_length(p, self.modality) for p in dataset.pairs]
-            groups = [pair_group(p) for p in dataset.pairs] if self.group_presentations else None
             batch_sampler = LengthBucketBatchSampler(lengths, self.batch_size, self.bucket_factor, shuffle=True,
-                                                     seed=self.seed, num_replicas=replicas, rank=rank, groups=groups)
+                                                     seed=self.seed, num_replicas=replicas, rank=rank)
             return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=self.collator(True), **self._loader_kwargs())
         sampler = EpochSampler(len(dataset), shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank)
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collator(True),

@@ -111,37 +111,6 @@ def test_length_bucket_sampler_covers_each_item_once_and_groups_lengths():
     assert set(ids[0]) | set(ids[1]) == set(range(103))
 
 
-def test_length_bucket_sampler_keeps_groups_in_one_batch():
-    # 40 pairs shown twice (before + swapped after) and 23 shown once, like the TEO training set
-    groups = [("p", k) for k in range(40) for _ in range(2)] + [("q", k) for k in range(23)]
-    lengths = torch.randint(0, 1000, (len(groups),)).tolist()
-    for k in range(40):
-        lengths[2 * k + 1] = lengths[2 * k]  # swapped presentation: the same texts
-    sampler = LengthBucketBatchSampler(lengths, batch_size=8, bucket_factor=4, seed=5, groups=groups)
-    batches = [[i for i, _ in b] for b in sampler]
-    assert len(batches) == len(sampler)
-    assert sorted(i for b in batches for i in b) == list(range(len(groups)))
-    assert all(len(b) <= 8 for b in batches)
-    where = {i: n for n, b in enumerate(batches) for i in b}
-    assert all(where[2 * k] == where[2 * k + 1] for k in range(40))
-    # without groups, the same lengths split many pairs across batches
-    plain = [[i for i, _ in b] for b in LengthBucketBatchSampler(lengths, 8, 4, seed=5)]
-    where = {i: n for n, b in enumerate(plain) for i in b}
-    assert sum(where[2 * k] != where[2 * k + 1] for k in range(40)) > 5
-    with pytest.raises(ValueError, match="does not fit"):
-        LengthBucketBatchSampler([1, 1, 1], batch_size=2, groups=["a", "a", "a"])
-
-
-def test_teo_data_module_groups_presentations_of_a_pair():
-    from data_modules.teo_pairs import pair_group
-
-    before = {"procedure_id": "x", "a": 1, "b": 3}
-    after = {"procedure_id": "x", "a": 3, "b": 1}
-    assert pair_group(before) == pair_group(after) != pair_group({"procedure_id": "y", "a": 1, "b": 3})
-    with pytest.raises(ValueError, match="bucket_by_length"):
-        TeoPairsDataModule(source=lambda: {}, group_presentations=True)
-
-
 def test_lora_targets_language_attention_only():
     module = _tiny_module()
     lora_names = [n for n, p in module.named_parameters() if p.requires_grad]
