@@ -370,6 +370,35 @@ def test_every_trainable_parameter_gets_a_gradient_every_step(encoder_name, obje
                 assert all(torch.count_nonzero(p.grad) == 0 for p in obj.parameters()), name
 
 
+def test_heads_of_undrawn_objectives_do_not_move():
+    """Turn-taking: a head changes only at the steps its objective is drawn. The zero gradients
+    that keep DDP's reducer happy are dropped before the optimiser step, so AdamW's stale momentum
+    and weight decay leave the undrawn heads alone."""
+    from unittest import mock
+
+    torch.manual_seed(0)
+    module = tiny_module(objectives="all")
+    module.train()
+    batch = toy_batch(4, 1, toy_world())
+    optimizer = torch.optim.AdamW(module.param_groups()[0]["params"], lr=1e-2, weight_decay=0.1)
+    drawn_at = {}
+    for step in range(12):
+        names = module.schedule.draw(step)
+        drawn_at[step] = names
+        before = {n: [p.detach().clone() for p in o.parameters()] for n, o in module.objectives.items()}
+        with mock.patch.object(PretrainingModule, "global_step", new_callable=mock.PropertyMock, return_value=step):
+            optimizer.zero_grad(set_to_none=True)
+            loss, _, _ = module.compute_losses(batch, names, step)
+            (loss + module._unused_heads_term(names)).backward()
+            module.on_before_optimizer_step(optimizer)
+            optimizer.step()
+        for name, obj in module.objectives.items():
+            moved = any(not torch.equal(a, p) for a, p in zip(before[name], obj.parameters()))
+            assert moved == (name in names), (step, name, names)
+    # the case that matters happened: a head with fresh Adam momentum whose objective is not drawn next
+    assert any(set(drawn_at[k]) - set(drawn_at[k + 1]) for k in range(11))
+
+
 def test_batchnorm_stays_frozen():
     module = tiny_module(objectives="mlm_isp")
     module.encoder.extra_bn = torch.nn.BatchNorm1d(4)  # stands in for a CNN backbone's BatchNorm

@@ -422,6 +422,20 @@ class PretrainingModule(SeqawareModule):
         return sum(p.sum() for p in params) * 0.0
 
     # ------------------------------------------------------------------ Lightning hooks
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Drop the (all-zero) gradients of the heads whose objective was not drawn at this step.
+
+        The ``0 * sum`` term of :meth:`_unused_heads_term` only serves DDP's reducer. Left as zero
+        tensors, those gradients would still make AdamW update the heads from their stale momentum
+        (about ten times their last step in total) and decay them; with ``None`` the optimiser skips
+        them, so a head moves only at the steps its objective takes part in.
+        """
+        drawn = self.schedule.draw(self.global_step)
+        for name, obj in self.objectives.items():
+            if name not in drawn:
+                for p in obj.parameters():
+                    p.grad = None
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         names = self.schedule.draw(self.global_step)
         loss, logs, _ = self.compute_losses(batch, names, self.global_step)
