@@ -330,87 +330,8 @@ def test_minilm_internvl_is_the_pretrained_bert_as_a_decoder(minilm_module):
     assert len(wrapped) == 4 * 6
 
 
-def test_prefix_lengths_end_after_the_last_turn_header():
-    from seqaware.teo.prefix_lm import prefix_block_ids, prefix_lengths
-
-    M, P = 70, 0  # marker (<|im_start|>) and padding ids
-    ids = torch.tensor([
-        [M, 1, 2, 3, M, 5, 9, 9, 9],   # two turns, answer 9 9 9: prefix = up to the role token after the last marker
-        [P, P, M, 1, 2, M, 5, 9, P],   # left and right padding
-        [1, 2, 3, 4, 5, 6, 7, 8, 9],   # no marker: fully causal
-        [1, 2, 3, 4, 5, 6, 7, 8, M],   # header cut off at the end: the prefix is the whole row
-    ])
-    assert prefix_lengths(ids, M, 2).tolist() == [6, 7, 0, 9]
-    blocks = prefix_block_ids(ids, M, 2)
-    assert blocks[0].tolist() == [0] * 6 + [-1] * 3 and (blocks[2] == -1).all() and (blocks[3] == 0).all()
-
-
-def test_minilm_prompt_is_bidirectional_and_the_answer_causal(minilm_module, minilm_dm):
-    """UniLM-style prefix LM: a prompt token sees the whole prompt (step A sees step B), an answer token
-    sees the prompt and the earlier answer tokens only; the same mask under HF's loss and answer_loss."""
-    module = minilm_module.eval()
-    base = module.model.get_base_model()
-    batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].pairs[:2])
-    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
-    row = 0
-    first_answer = int((labels[row] != IGNORE_INDEX).nonzero()[0])
-    end = int(mask[row].sum())
-    tok = module.processor.tokenizer
-    assert tok.convert_ids_to_tokens(ids[row, first_answer - 2:first_answer].tolist()) == ["<|im_start|>", "assistant"]
-
-    def states(x):
-        with torch.no_grad():
-            return base.model(input_ids=x, attention_mask=mask).last_hidden_state[row]
-
-    h = states(ids)
-    late_prompt = ids.clone()
-    late_prompt[row, first_answer - 3] = tok.convert_tokens_to_ids("stack")  # the last prompt token before the header
-    changed = (states(late_prompt) - h).abs().amax(dim=-1)
-    assert (changed[1:first_answer - 3] > 1e-4).all()          # every earlier prompt token sees it
-    late_answer = ids.clone()
-    late_answer[row, end - 2] = tok.convert_tokens_to_ids("maybe")
-    changed = (states(late_answer) - h).abs().amax(dim=-1)
-    assert (changed[:end - 2] == 0).all() and changed[end - 2] > 0  # nothing before an answer token sees it
-
-
-def test_minilm_generation_matches_teacher_forcing(minilm_module, minilm_dm):
-    """Generation (prefill = the prompt as one bidirectional block, then one cached query per token)
-    produces the tokens that the training-time prefix mask ranks first at every answer position."""
-    module = minilm_module.eval()
-    batch = minilm_dm.collator(train=False)(minilm_dm.datasets["val"].pairs[:3])
-    inputs = module._inputs(batch)
-    with torch.no_grad():
-        out = module.model.generate(**inputs, max_new_tokens=5, do_sample=False, use_cache=True)
-    n_prompt = inputs["input_ids"].shape[1]
-    generated = out[:, n_prompt:]
-    full_mask = torch.cat([inputs["attention_mask"], torch.ones_like(generated)], dim=1)
-    positions = (full_mask.cumsum(1) - 1).clamp(min=0)  # left padding: positions start at the first real token
-    with torch.no_grad():
-        logits = module.model(input_ids=out, attention_mask=full_mask, position_ids=positions).logits
-    assert torch.equal(logits[:, n_prompt - 1:-1].argmax(-1), generated)
-
-
-def test_minilm_causal_attention_option(minilm_dm):
-    from transformers import InternVLModel
-
-    from seqaware.teo.vlm import build_minilm_internvl
-
-    model, _ = build_minilm_internvl(attention="causal")
-    assert type(model.model) is InternVLModel and getattr(model.config, "prefix_lm_token_id", None) is None
-    batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].pairs[:1])
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    edited = ids.clone()
-    edited[0, int(mask[0].sum()) - 4] = 1000
-    with torch.no_grad():
-        a = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        b = model.model(input_ids=edited, attention_mask=mask).last_hidden_state
-    assert torch.equal(a[0, :int(mask[0].sum()) - 4], b[0, :int(mask[0].sum()) - 4])
-    with pytest.raises(ValueError, match="model.tiny.attention"):
-        build_minilm_internvl(attention="bidirectional")
-
-
 def test_minilm_decoder_is_causal_and_left_padding_safe(minilm_module):
-    """The language model alone is a causal decoder, and generation in a left-padded batch matches generating alone."""
+    """A decoder must not see later tokens, and generation in a left-padded batch must match generating alone."""
     module = minilm_module.eval()
     tok = module.processor.tokenizer
     ids = tok(["<|im_start|>user\nstep a description : put a red block on the floor .<|im_end|>\n"], return_tensors="pt")["input_ids"]

