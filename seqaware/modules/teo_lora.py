@@ -39,7 +39,8 @@ from seqaware.teo.vlm import BUILT_IN_MODELS, answer_loss, apply_lora, load_inte
 log = logging.getLogger(__name__)
 
 REPORT_KEYS = ("consistency_accuracy", "consistency_dependent", "consistency_independent", "f1_before",
-               "f1_after", "f1_independent", "macro_f1", "other_rate", "accuracy_original", "accuracy_swapped")
+               "f1_after", "f1_independent", "macro_f1", "mateo_f1_before", "mateo_f1_independent", "mateo_f1_after", "other_rate",
+               "accuracy_original", "accuracy_swapped")
 
 
 def _dtype(name: str) -> torch.dtype:
