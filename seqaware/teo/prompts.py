@@ -12,9 +12,11 @@ multimodal chat format understood by ``processor.apply_chat_template``::
 Adjacent text pieces are merged into one text item, so a text-only prompt is a single text item
 per message and an image prompt has exactly one image item per shown picture.
 
-TEO (MATEO, Roccabruna et al.): 5 strategies (``baseline``, ``instructions``, ``icl``, ``cot``,
-``self_reflection``) x 3 modalities (``image``, ``text``, ``image_text``). Steps are objects or
-dicts with ``text`` and ``image`` (the image may be None for the ``text`` modality).
+TEO (MATEO): 5 strategies (``baseline``, ``instructions``, ``icl``, ``cot``, ``self_reflection``)
+x 3 modalities (``image``, ``text``, ``image_text``) as written in MATEO Table 5, plus the fine-tuning
+prompt and answer of Table 6 (:func:`build_teo_finetune_prompt`, :func:`teo_answer`); the order of
+each prompt's parts is ``layouts`` in ``configs/prompts/teo.yaml`` (see ``docs/protocols/teo.md``).
+Steps are objects or dicts with ``text`` and ``image`` (the image may be None for ``text``).
 """
 from __future__ import annotations
 
