@@ -7,9 +7,15 @@ Pairs come from :mod:`data_modules.tasks.teo` (MATEO construction):
 * val / test: :func:`~data_modules.tasks.teo.teo_eval_sets` -- the ``original`` set followed by the
   ``swapped`` set (each pair carries ``set``), so the module can score consistency accuracy.
 
-Each pair becomes the chat prompt ``build_teo_prompt(strategy, modality, A, B)`` (default strategy
-``instructions``); the training target is that strategy's answer to the three questions, taken from
-``configs/prompts/teo.yaml`` (``question_answers``: e.g. ``"Q1: Yes\\nQ2: No\\nQ3: No"``).
+Each pair becomes a chat prompt + target from ``configs/prompts/teo.yaml`` (one home for the wording):
+
+* ``prompt: finetune`` (default) -- MATEO's fine-tuning prompt (appendix A.1 Table 6, the Instructions
+  task of section 5.4: :func:`~seqaware.teo.prompts.build_teo_finetune_prompt`); ``prompt: eval`` -- the
+  evaluation prompt of ``strategy`` (Table 5, :func:`~seqaware.teo.prompts.build_teo_prompt`), a
+  seqaware option;
+* ``target_format: mateo`` (default) -- Table 6's answer ``"Q1: The answer is: Yes.\\nQ2: The answer
+  is: No.\\nQ3: The answer is: No."``; ``short`` -- seqaware's earlier ``"Q1: Yes\\nQ2: No\\nQ3: No"``
+  (:func:`~seqaware.teo.prompts.teo_answer`).
 
 :class:`TeoChatCollator` renders prompt (+ answer) with the processor's chat template and runs the
 processor once per batch. Training batches are right-padded and carry ``labels`` equal to
@@ -35,7 +41,7 @@ from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_
 from data_modules.views import EpochSampler
 from seqaware.procedure import Procedure, resolve_path
 from seqaware.teo import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
-from seqaware.teo.prompts import load_templates
+from seqaware.teo.prompts import TEO_TARGET_FORMATS, build_teo_finetune_prompt, teo_answer
 from seqaware.teo.vlm import load_processor
 
 log = logging.getLogger(__name__)
@@ -138,13 +144,34 @@ class LengthBucketBatchSampler(Sampler[list[tuple[int, int]]]):
         return -(-count // self.num_replicas) if self.num_replicas > 1 else count
 
 
+PROMPTS = ("finetune", "eval")
+
+
+def check_prompt_options(modality: str, strategy: str, prompt: str, target_format: str) -> None:
+    """ValueError naming the data option when the modality / strategy / prompt / target format do not fit."""
+    if modality not in MODALITIES:
+        raise ValueError(f"data.modality must be one of {MODALITIES}, got {modality!r}")
+    if strategy not in QUESTION_STRATEGIES:
+        raise ValueError(f"data.strategy must be a Yes/No question strategy {QUESTION_STRATEGIES}, got {strategy!r}")
+    if prompt not in PROMPTS:
+        raise ValueError(f"data.prompt must be one of {PROMPTS}, got {prompt!r}")
+    if prompt == "finetune" and strategy != "instructions":
+        raise ValueError(f"data.prompt=finetune is MATEO's fine-tuning prompt (Table 6, the Instructions prompt): "
+                         f"it needs data.strategy=instructions, got {strategy!r} (or set data.prompt=eval)")
+    if target_format not in TEO_TARGET_FORMATS:
+        raise ValueError(f"data.target_format must be one of {TEO_TARGET_FORMATS}, got {target_format!r}")
+
+
 class TeoChatCollator:
     """Pairs -> processor outputs (see the module docstring for padding and labels).
 
     Args:
         processor: an InternVL processor (``apply_chat_template`` + ``__call__``).
         modality: ``image`` | ``text`` | ``image_text`` (which step contents the prompt shows).
-        strategy: a question strategy (``instructions`` by default) whose Yes/No answers are the target.
+        strategy: a question strategy (``instructions`` by default): with ``prompt=eval`` its Table 5 prompt
+            is shown; with ``prompt=finetune`` it must be ``instructions`` (Table 6 is that prompt).
+        prompt: ``finetune`` (MATEO Table 6, default) or ``eval`` (the Table 5 prompt of ``strategy``).
+        target_format: ``mateo`` (Table 6's ``Qk: The answer is: Yes/No.`` lines, default) or ``short``.
         train: True -> prompt + answer with labels (right padding); False -> prompt only (left padding).
         max_length: optional cap on the sequence length; a longer example raises a clear error
             (truncating would cut the answer).
@@ -152,16 +179,14 @@ class TeoChatCollator:
     """
 
     def __init__(self, processor: Any, modality: str = "image_text", strategy: str = "instructions",
-                 train: bool = True, max_length: int | None = None, prompts_dir: str | None = None):
-        if modality not in MODALITIES:
-            raise ValueError(f"data.modality must be one of {MODALITIES}, got {modality!r}")
-        if strategy not in QUESTION_STRATEGIES:
-            raise ValueError(f"data.strategy must be a Yes/No question strategy {QUESTION_STRATEGIES}, got {strategy!r}")
+                 train: bool = True, max_length: int | None = None, prompts_dir: str | None = None,
+                 prompt: str = "finetune", target_format: str = "mateo"):
+        check_prompt_options(modality, strategy, prompt, target_format)
         self.processor = processor
         self.modality, self.strategy, self.train = modality, strategy, train
+        self.prompt, self.target_format = prompt, target_format
         self.max_length = max_length
         self.prompts_dir = prompts_dir
-        self.answers: dict[str, str] = dict(load_templates("teo", prompts_dir)["question_answers"])
 
     def _step(self, pair: dict[str, Any], key: str) -> dict[str, Any]:
         step = pair[key]
@@ -179,16 +204,20 @@ class TeoChatCollator:
 
     def messages(self, pair: dict[str, Any], with_answer: bool) -> list[dict[str, Any]]:
         """Chat messages of one pair: the prompt, plus the assistant answer when ``with_answer``."""
+        step_a, step_b = self._step(pair, "step_a"), self._step(pair, "step_b")
         try:
-            msgs = build_teo_prompt(self.strategy, self.modality, self._step(pair, "step_a"), self._step(pair, "step_b"),
-                                    prompts_dir=self.prompts_dir)
+            if self.prompt == "finetune":
+                msgs = build_teo_finetune_prompt(self.modality, step_a, step_b, prompts_dir=self.prompts_dir)
+            else:
+                msgs = build_teo_prompt(self.strategy, self.modality, step_a, step_b, prompts_dir=self.prompts_dir)
         except ValueError as err:
             raise ValueError(f"TEO pair {pair.get('pair_id')}: {err}") from err
         if with_answer:
-            label = pair["label"]
-            if label not in self.answers:
-                raise ValueError(f"TEO pair {pair.get('pair_id')}: field label={label!r} is not one of {sorted(self.answers)}")
-            msgs = msgs + [{"role": "assistant", "content": [{"type": "text", "text": self.answers[label]}]}]
+            try:
+                answer = teo_answer(pair["label"], self.target_format, prompts_dir=self.prompts_dir)
+            except ValueError as err:
+                raise ValueError(f"TEO pair {pair.get('pair_id')}, field label: {err}") from err
+            msgs = msgs + [{"role": "assistant", "content": [{"type": "text", "text": answer}]}]
         return msgs
 
     def _encode(self, texts: list[str], images: list[Any], padding_side: str) -> dict[str, torch.Tensor]:
@@ -241,7 +270,9 @@ class TeoPairsDataModule(pl.LightningDataModule):
         source: callable returning ``{split: [Procedure]}`` (``data_modules.sources``: synthetic or JSONL).
         processor: ``tiny`` or an InternVL checkpoint name/folder (normally ``${model.name_or_path}``).
         modality: ``image`` | ``text`` | ``image_text``.
-        strategy: the prompt strategy whose Yes/No answers are trained (``instructions``).
+        strategy: the prompt strategy (``instructions``; with ``prompt=eval`` any Yes/No strategy).
+        prompt: ``finetune`` (MATEO Table 6, default) | ``eval`` (Table 5 prompt of ``strategy``).
+        target_format: ``mateo`` (Table 6 answer lines, default) | ``short`` (``Q1: Yes`` ...).
         resplit: optional ``[train, val, test]`` fractions: pool all procedures and re-split them with
             :func:`~data_modules.tasks.teo.stratified_split` (stratified by number of steps).
         batch_size / eval_batch_size: micro-batch sizes (training / generation).
@@ -261,10 +292,10 @@ class TeoPairsDataModule(pl.LightningDataModule):
                  max_length: int | None = None, max_train_pairs: int | None = None, max_eval_pairs: int | None = None,
                  num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False, seed: int = 0,
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
-                 prompts_dir: str | None = None):
+                 prompts_dir: str | None = None, prompt: str = "finetune", target_format: str = "mateo"):
         super().__init__()
-        if modality not in MODALITIES:
-            raise ValueError(f"data.modality must be one of {MODALITIES}, got {modality!r}")
+        check_prompt_options(modality, strategy, prompt, target_format)
+        self.prompt, self.target_format = prompt, target_format
         self.source = source
         self.processor_name = processor
         self.modality, self.strategy = modality, strategy
@@ -290,7 +321,7 @@ class TeoPairsDataModule(pl.LightningDataModule):
 
     def collator(self, train: bool) -> TeoChatCollator:
         return TeoChatCollator(self.processor, self.modality, self.strategy, train=train, max_length=self.max_length,
-                               prompts_dir=self.prompts_dir)
+                               prompts_dir=self.prompts_dir, prompt=self.prompt, target_format=self.target_format)
 
     def _read_source(self) -> dict[str, list[Procedure]]:
         return self.source(**self.source_paths)

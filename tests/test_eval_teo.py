@@ -49,10 +49,12 @@ class ScriptedModel:
         return out
 
 
-YES = {"before": "Q1: Yes\nQ2: No\nQ3: No", "after": "Q1: No\nQ2: Yes\nQ3: No", "independent": "Q1: No\nQ2: No\nQ3: Yes"}
+YES = {"before": "Q1: The answer is: Yes.\nQ2: The answer is: No.\nQ3: The answer is: No.",  # MATEO's format (Table 6)
+       "after": "Q1: No\nQ2: Yes\nQ3: No", "independent": "Q1: The answer is: No. Q2: The answer is: No. Q3: The answer is: Yes."}
 M, K, G = TEXTS
 # original: (0,1) before OK; (0,2) independent OK; (1,2) non-answer. swapped: (1,0) after OK; (2,0) before; (2,1) independent
-HAND_REPLIES = {(M, K): YES["before"], (M, G): YES["independent"], (K, G): "I don't know",
+HAND_REPLIES = {(M, K): YES["before"], (M, G): YES["independent"],
+                (K, G): "Q1: The answer is: I don't know.\nQ2: The answer is: No.\nQ3: The answer is: No.",
                 (K, M): "**Q1:** No\n**Q2:** Yes\n**Q3:** No", (G, M): YES["before"], (G, K): YES["independent"]}
 
 
@@ -69,13 +71,16 @@ def test_metrics_equal_hand_computation(tmp_path):
     # independent over both sets: support 4, predicted 2 (0-2 original, 2-1 swapped), tp 2 -> 2*2/(2+4)
     assert row["f1_independent"] == pytest.approx(2 / 3)
     assert row["macro_f1"] == pytest.approx((1 + 1 + 2 / 3) / 3)
+    # MATEO Table 4: independent on the original order only: support 2, predicted 1 (0-2), tp 1 -> 2/3
+    assert row["mateo_f1_before"] == row["mateo_f1_after"] == 1.0
+    assert row["mateo_f1_independent"] == pytest.approx(2 / 3)
     assert row["other_rate"] == pytest.approx(1 / 6)
     assert row["accuracy_original"] == pytest.approx(2 / 3) and row["accuracy_swapped"] == pytest.approx(2 / 3)
     assert list(result["rows"])[:3] == ["always independent", "majority", "random"]
     assert result["predictions"]["original"] == {"p:0-1": "before", "p:0-2": "independent", "p:1-2": "other"}
     # the markdown row shows the same numbers as percentages
     line = next(l for l in result["table"].splitlines() if l.startswith("| fake |"))
-    assert line == "| fake | 33.3 | 100.0 | 0.0 | 100.0 | 100.0 | 66.7 | 88.9 | 16.7 |"
+    assert line == "| fake | 33.3 | 100.0 | 0.0 | 100.0 | 100.0 | 66.7 | 66.7 | 88.9 | 16.7 |"
 
     paths = write_result(result, tmp_path / "out")
     assert json.loads(paths["json"].read_text())["rows"]["fake"]["f1_independent"] == pytest.approx(2 / 3)

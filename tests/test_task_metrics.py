@@ -121,6 +121,11 @@ def test_teo_consistency_hand_example():
     # independent on both: tp=4 (orig p:1-2, q:0-1, q:1-2; swapped p:1-2), predicted=4, gold=6 -> 0.8
     assert report["f1_independent"] == pytest.approx(0.8)
     assert report["macro_f1"] == pytest.approx(0.8)
+    # MATEO Table 4: before / independent on the original order, after on the swapped order.
+    # independent on original: tp=3 (p:1-2, q:0-1, q:1-2), predicted=3, gold=3 -> 1.0 (pooled: 0.8)
+    assert report["mateo_f1_before"] == pytest.approx(0.8)
+    assert report["mateo_f1_independent"] == pytest.approx(1.0)
+    assert report["mateo_f1_after"] == pytest.approx(0.8)
     with pytest.raises(ValueError):
         teo_report(original, swapped[:-1], orig_pred, swap_pred)
 
@@ -143,6 +148,9 @@ def test_teo_f1_matches_sklearn(seed):
     assert report["f1_before"] == pytest.approx(f1(go, po, "before"))
     assert report["f1_after"] == pytest.approx(f1(gs, ps, "after"))
     assert report["f1_independent"] == pytest.approx(f1(go + gs, po + ps, "independent"))
+    assert report["mateo_f1_before"] == pytest.approx(f1(go, po, "before"))
+    assert report["mateo_f1_independent"] == pytest.approx(f1(go, po, "independent"))
+    assert report["mateo_f1_after"] == pytest.approx(f1(gs, ps, "after"))
     expected = np.mean([
         (po[i] == "before" and ps[i] == "after") if go[i] == "before" else (po[i] == ps[i] == "independent")
         for i in range(len(original))
@@ -159,7 +167,6 @@ def test_teo_baselines_rows_and_table():
     always = base["always independent"]
     assert always["consistency_independent"] == 1.0 and always["consistency_dependent"] == 0.0
     assert always["f1_before"] == always["f1_after"] == 0.0
-    assert base["random"] == teo_baselines(original, swapped, seed=0)["random"]
     gold = ({p["pair_id"]: p["label"] for p in original}, {p["pair_id"]: p["label"] for p in swapped})
     rows = teo_rows(original, swapped, {"oracle": gold})
     assert list(rows) == ["always independent", "majority", "random", "oracle"]
@@ -167,6 +174,71 @@ def test_teo_baselines_rows_and_table():
     table = teo_table(rows)
     assert table.count("\n") == 1 + len(rows)
     assert "| oracle | 100.0 |" in table
+
+
+def _fixed_teo_sets():
+    """One procedure r with 4 steps and edges 0->1, 2->3: pairs 0-1 and 2-3 before, the other four
+    independent (original order); swapped: 0-1 and 2-3 after, the others independent."""
+    sets = teo_eval_sets([_procedure("r", 4, dag=[(0, 1), (2, 3)])])
+    assert [(p["pair_id"], p["label"]) for p in sets["original"]] == [
+        ("r:0-1", "before"), ("r:0-2", "independent"), ("r:0-3", "independent"), ("r:1-2", "independent"),
+        ("r:1-3", "independent"), ("r:2-3", "before")]
+    return sets["original"], sets["swapped"]
+
+
+def test_teo_mateo_f1_on_a_fixed_set_against_sklearn_and_by_hand():
+    original, swapped = _fixed_teo_sets()
+    pred_o = ["before", "independent", "before", "other", "independent", "independent"]
+    pred_s = ["after", "independent", "independent", "after", "independent", "before"]
+    report = teo_report(original, swapped, {p["pair_id"]: y for p, y in zip(original, pred_o)},
+                        {p["pair_id"]: y for p, y in zip(swapped, pred_s)})
+    gold_o, gold_s = [p["label"] for p in original], [p["label"] for p in swapped]
+
+    def sk(gold, pred, label):
+        return f1_score(gold, pred, labels=[label], average=None, zero_division=0)[0]
+
+    assert report["mateo_f1_before"] == pytest.approx(sk(gold_o, pred_o, "before"))
+    assert report["mateo_f1_independent"] == pytest.approx(sk(gold_o, pred_o, "independent"))
+    assert report["mateo_f1_after"] == pytest.approx(sk(gold_s, pred_s, "after"))
+    assert report["f1_independent"] == pytest.approx(sk(gold_o + gold_s, pred_o + pred_s, "independent"))
+    # by hand. original: before tp=1 (0-1), predicted 2 (0-1, 0-3), gold 2 -> 2/4;
+    # independent tp=2 (0-2, 1-3), predicted 3 (+2-3), gold 4 -> 4/7.
+    # swapped: after tp=1 (0-1), predicted 2 (+1-2), gold 2 -> 2/4; independent tp=3, predicted 3, gold 4.
+    # pooled independent: tp=5, predicted 6, gold 8 -> 10/14.
+    assert report["mateo_f1_before"] == pytest.approx(0.5)
+    assert report["mateo_f1_independent"] == pytest.approx(4 / 7)
+    assert report["mateo_f1_after"] == pytest.approx(0.5)
+    assert report["f1_independent"] == pytest.approx(5 / 7)
+    assert report["macro_f1"] == pytest.approx((0.5 + 0.5 + 5 / 7) / 3)
+    # consistency (Table 3): dependent 0-1 yes, 2-3 no; independent 0-2, 1-3 yes, 0-3, 1-2 no -> 3/6
+    assert report["consistency_accuracy"] == pytest.approx(0.5)
+    assert report["consistency_dependent"] == report["consistency_independent"] == pytest.approx(0.5)
+    assert report["other_rate"] == pytest.approx(1 / 12)
+
+
+def test_teo_random_and_majority_baselines_by_hand():
+    original, swapped = _fixed_teo_sets()
+    base = teo_baselines(original, swapped, seed=0)
+    # numpy.random.default_rng(0).integers(3, size=12) = 2 1 1 0 0 0 | 0 0 0 2 1 2 over (before, after, independent):
+    # original preds: independent after after before before before; swapped: before before before independent after independent
+    rand = base["random"]
+    # original: before tp=1 (2-3), predicted 3, gold 2 -> 2/5; independent tp=0 (0-1 is before) -> 0
+    assert rand["mateo_f1_before"] == rand["f1_before"] == pytest.approx(0.4)
+    assert rand["mateo_f1_independent"] == 0.0
+    # swapped: after predicted only for 1-3 (gold independent) -> tp=0 -> 0
+    assert rand["mateo_f1_after"] == rand["f1_after"] == 0.0
+    # pooled independent: tp=1 (1-2 swapped), predicted 3, gold 8 -> 2/11
+    assert rand["f1_independent"] == pytest.approx(2 / 11)
+    assert rand["macro_f1"] == pytest.approx((0.4 + 0.0 + 2 / 11) / 3)
+    assert rand["consistency_accuracy"] == 0.0 and rand["other_rate"] == 0.0
+    assert rand["accuracy_original"] == pytest.approx(1 / 6) and rand["accuracy_swapped"] == pytest.approx(1 / 6)
+    assert teo_baselines(original, swapped, seed=1)["random"]["f1_independent"] != pytest.approx(2 / 11)
+    # majority: 4 of 6 gold labels are independent in each set -> always independent
+    majority = base["majority"]
+    assert majority["consistency_independent"] == 1.0 and majority["consistency_dependent"] == 0.0
+    assert majority["consistency_accuracy"] == pytest.approx(4 / 6)
+    assert majority["mateo_f1_independent"] == pytest.approx(2 * 4 / (6 + 4))  # tp 4, predicted 6, gold 4
+    assert majority["mateo_f1_before"] == majority["mateo_f1_after"] == 0.0
 
 
 # ---------------------------------------------------------------- COHERENCE

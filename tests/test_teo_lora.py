@@ -14,7 +14,7 @@ from data_modules.sources import synthetic_source
 from data_modules.teo_pairs import IGNORE_INDEX, LengthBucketBatchSampler, TeoChatCollator, TeoPairsDataModule
 from seqaware.modules.teo_lora import TeoLoraModule
 from seqaware.pretrained import PretrainedUnavailableError
-from seqaware.teo.prompts import load_templates
+from seqaware.teo.prompts import prompt_text
 from seqaware.teo.vlm import build_tiny_internvl, internvl_config_8b, load_internvl
 
 
@@ -43,7 +43,10 @@ def test_labels_are_the_answer_tokens_only(teo_dm):
     batch = _train_batch(teo_dm)
     proc = teo_dm.processor
     collator = teo_dm.collator(train=True)
-    answers = load_templates("teo")["question_answers"]
+    # MATEO Table 6: the fine-tuning target is three "Qk: The answer is: Yes/No." lines
+    answers = {"before": "Q1: The answer is: Yes.\nQ2: The answer is: No.\nQ3: The answer is: No.",
+               "after": "Q1: The answer is: No.\nQ2: The answer is: Yes.\nQ3: The answer is: No.",
+               "independent": "Q1: The answer is: No.\nQ2: The answer is: No.\nQ3: The answer is: Yes."}
     ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
     assert batch["pixel_values"].shape[0] == 2 * ids.shape[0]  # one 56-px tile per step image
     for row, pair in enumerate(batch["pairs"]):
@@ -61,6 +64,38 @@ def test_labels_are_the_answer_tokens_only(teo_dm):
         assert target == answers[pair["label"]] + "<|im_end|>\n"
     # the image context tokens are never labelled
     assert not (labels == proc.image_token_id).any()
+
+
+def test_training_prompt_is_mateo_table6(teo_dm):
+    pair = teo_dm.datasets["train"].pairs[0]
+    msgs = teo_dm.collator(train=True).messages(pair, with_answer=True)
+    assert [m["role"] for m in msgs] == ["user", "assistant"]  # Table 6: <User> / <Assistant>, no system turn
+    user = prompt_text(msgs[:1])
+    # Table 6 Image-Text: rules, sequencing-terms rule + "Also note", steps, Questions; no answer-format block
+    assert user.startswith("Your task is to determine the dependency order between two steps in a recipe. "
+                           "Follow these rules:\n- Before: Step A must be executed before Step B if")
+    assert "Ignore sequencing terms" in user and "Also note that the text description" in user
+    assert "Using ONLY" not in user and "Context:" not in user
+    assert user.endswith("Questions:\nQ1: Must Step A be executed before Step B?\nQ2: Must Step A be executed "
+                         "after Step B?\nQ3: Can Step A and Step B be executed in parallel?")
+    assert user.index("Step A picture:") < user.index("Step A description:") < user.index("Step B picture:")
+
+
+def test_prompt_and_target_options(teo_dm):
+    pair = next(p for p in teo_dm.datasets["train"].pairs if p["label"] == "after")
+    short = TeoChatCollator(teo_dm.processor, "text", "baseline", prompt="eval", target_format="short")
+    msgs = short.messages(pair, with_answer=True)
+    assert msgs[-1]["content"][0]["text"] == "Q1: No\nQ2: Yes\nQ3: No"
+    assert prompt_text(msgs[:-1]).startswith("Using ONLY the information in the Context")  # Table 5 Baseline
+    with pytest.raises(ValueError, match="data.prompt=finetune .* needs data.strategy=instructions"):
+        TeoChatCollator(teo_dm.processor, "text", "baseline")
+    with pytest.raises(ValueError, match="data.target_format"):
+        TeoChatCollator(teo_dm.processor, "text", target_format="long")
+    with pytest.raises(ValueError, match="data.prompt"):
+        TeoChatCollator(teo_dm.processor, "text", prompt="table7")
+    bad = dict(pair, label="sideways")
+    with pytest.raises(ValueError, match=rf"{pair['pair_id']}, field label: unknown TEO label 'sideways'"):
+        short.messages(bad, with_answer=True)
 
 
 def test_eval_batches_are_left_padded_prompts(teo_dm):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from seqaware.metrics.coherence import coherence_report
-from seqaware.teo import parse_coherence_answer, parse_iso_answer, parse_teo_answer, parse_teo_answers, reflection_outcome
+from seqaware.teo import (parse_coherence_answer, parse_iso_answer, parse_teo_answer, parse_teo_answers, question_answers,
+                          reflection_outcome, teo_answer)
 
 QUESTION_CASES = [
     ("Q1: Yes\nQ2: No\nQ3: No", "before"),
@@ -47,6 +48,78 @@ QUESTION_CASES = [
     ("Yes No", "other"),
     ("The answer is: Before", "other"),
 ]
+
+
+# MATEO's answer format (Table 5 answer-format block, Table 6 fine-tuning target, ICL example answers):
+# "Q1: The answer is: <Yes/No/I don't know>." -- variants a model may produce, each with its class
+MATEO_CASES = [
+    # Table 6 examples, as written (image-only: before; text-only: independent; image-text: after)
+    ("Q1: The answer is: Yes.\nQ2: The answer is: No.\nQ3: The answer is: No.", "before"),
+    ("Q1: The answer is: No.\nQ2: The answer is: No.\nQ3: The answer is: Yes.", "independent"),
+    ("Q1: The answer is: No.\nQ2: The answer is: Yes.\nQ3: The answer is: No.", "after"),
+    # one line
+    ("Q1: The answer is: No. Q2: The answer is: Yes. Q3: The answer is: No.", "after"),
+    ("Q1: The answer is: Yes. Q2: The answer is: No. Q3: The answer is: No.", "before"),
+    # case, markdown, missing period / colon
+    ("q1: the answer is: yes.\nq2: the answer is: no.\nq3: the answer is: no.", "before"),
+    ("Q1: THE ANSWER IS: NO.\nQ2: THE ANSWER IS: NO.\nQ3: THE ANSWER IS: YES.", "independent"),
+    ("Q1: The answer is: **Yes**.\nQ2: The answer is: **No**.\nQ3: The answer is: **No**.", "before"),
+    ("**Q1:** The answer is: No.\n**Q2:** The answer is: Yes.\n**Q3:** The answer is: No.", "after"),
+    ("**Q1: The answer is: No.**\n**Q2: The answer is: No.**\n**Q3: The answer is: Yes.**", "independent"),
+    ("Q1: The answer is Yes\nQ2: The answer is No\nQ3: The answer is No", "before"),
+    ("Q1: Answer: No.\nQ2: Answer: Yes.\nQ3: Answer: No.", "after"),
+    # mixed: with and without "The answer is:"
+    ("Q1: The answer is: No.\nQ2: No\nQ3: Yes", "independent"),
+    # extra text before / after / inside
+    ("Here are the answers.\nQ1: The answer is: Yes.\nQ2: The answer is: No.\nQ3: The answer is: No.\n"
+     "The zest must be grated before it goes into the sauce.", "before"),
+    ("Q1: The answer is: No. Step A does not produce anything Step B needs.\nQ2: The answer is: No.\n"
+     "Q3: The answer is: Yes. Both steps add a separate ingredient.", "independent"),
+    # the reply echoes the questions (Table 5 layout), then answers them: the answered lines are read
+    ("Questions:\nQ1: Must Step A be executed before Step B?\nQ2: Must Step A be executed after Step B?\n"
+     "Q3: Can Step A and Step B be executed in parallel?\nQ1: The answer is: No.\nQ2: The answer is: Yes.\n"
+     "Q3: The answer is: No.", "after"),
+    # the reply echoes the format block, then answers: the <Yes/No/I don't know> template is no answer
+    ("Q1: The answer is: <Yes/No/I don't know>.\nQ1: The answer is: Yes.\nQ2: The answer is: No.\n"
+     "Q3: The answer is: No.", "before"),
+    # three "The answer is:" lines without labels are read in Q1-Q3 order
+    ("The answer is: No.\nThe answer is: Yes.\nThe answer is: No.", "after"),
+    # "I don't know" (MATEO's third answer) -> other (section 3)
+    ("Q1: The answer is: I don't know.\nQ2: The answer is: No.\nQ3: The answer is: No.", "other"),
+    ("Q1: The answer is: No.\nQ2: The answer is: No.\nQ3: The answer is: I dont know.", "other"),
+    ("Q1: The answer is: I do not know.\nQ2: The answer is: I do not know.\nQ3: The answer is: I do not know.", "other"),
+    ("Q1: The answer is: I don't know.\nQ1: The answer is: Yes.\nQ2: The answer is: No.\nQ3: The answer is: No.",
+     "other"),  # two different answers to Q1: no occurrence is preferred
+    # multiple Yes / all No / missing / unfilled template -> other (section 3)
+    ("Q1: The answer is: Yes.\nQ2: The answer is: Yes.\nQ3: The answer is: No.", "other"),
+    ("Q1: The answer is: No.\nQ2: The answer is: No.\nQ3: The answer is: No.", "other"),
+    ("Q1: The answer is: Yes.\nQ2: The answer is: No.", "other"),
+    ("Q1: The answer is: <Yes/No/I don't know>.\nQ2: The answer is: <Yes/No/I don't know>.\n"
+     "Q3: The answer is: <Yes/No/I don't know>.", "other"),
+    ("Q1: The answer is: Yes.\nQ2: The answer is: No.\nQ3: The answer is: No.\nQ2: The answer is: Yes.", "other"),
+    ("The answer is: Yes.", "other"),
+]
+
+
+@pytest.mark.parametrize("strategy", ["baseline", "instructions", "icl"])
+@pytest.mark.parametrize("text,expected", MATEO_CASES)
+def test_mateo_answer_format(text, expected, strategy):
+    assert parse_teo_answer(text, strategy) == expected
+    assert parse_teo_answers(text, strategy) == (expected, expected)
+
+
+def test_question_answers_reads_each_answer():
+    assert question_answers("Q1: The answer is: I don't know.\nQ2: The answer is: No.") == {1: "don't know", 2: "no"}
+    # an echoed question without an answer is skipped; the answered occurrence is read
+    assert question_answers("Q1: Must Step A be executed before Step B?\nQ1: The answer is: **Yes**.") == {1: "yes"}
+    assert question_answers("Q3: The answer is: Yes.\nQ3: The answer is: No.") == {3: None}  # contradiction
+    assert question_answers("no labels, no answers") == {}
+
+
+def test_targets_of_every_format_parse_back():
+    for fmt in ("mateo", "short"):
+        for label in ("before", "after", "independent"):
+            assert parse_teo_answer(teo_answer(label, fmt), "instructions") == label
 
 
 @pytest.mark.parametrize("strategy", ["baseline", "instructions", "icl"])
@@ -100,8 +173,47 @@ def test_self_reflection(text, expected):
     assert parse_teo_answer(text, "self_reflection") == expected[1]
 
 
-def test_case_count_is_large_enough():
-    assert len(QUESTION_CASES) + len(COT_CASES) + len(REFLECTION_CASES) >= 40
+# MATEO Table 5 CoT / Self-reflection replies: "Step A produces: ... Dependency analysis: ... The answer is: X."
+MATEO_COT_CASES = [
+    ("Step A produces: Grated lemon zest.\nStep B produces: Lemon zest inside the strawberry sauce.\n"
+     "Step A requires: A lemon.\nStep B requires: Lemon zest that has been grated.\nDependency analysis: Step B "
+     "explicitly depends on Step A.\nThe answer is: Before.", "before"),
+    ("Dependency analysis: Each step adds a separate ingredient.\nThe answer is: Parallel.", "independent"),
+    ("Dependency analysis: Step A relies on the outcome of Step B.\nThe answer is: After.", "after"),
+    ("Dependency analysis: ...\n**The answer is:** **After**", "after"),
+    ("Dependency analysis: ... The answer is: parallel", "independent"),
+    # several answers: the last one is read (the reply's conclusion)
+    ("The answer is: Before.\nWait, Step A needs the juice measured in Step B.\nThe answer is: After.", "after"),
+    ("Dependency analysis: neither depends on the other.", "other"),
+]
+
+
+@pytest.mark.parametrize("text,expected", MATEO_COT_CASES)
+def test_mateo_cot(text, expected):
+    assert parse_teo_answer(text, "cot") == expected
+
+
+MATEO_REFLECTION_CASES = [  # Table 5: "... The answer is: X. Reflection: <your_reflection> The final answer: <final_answer>"
+    ("Dependency analysis: Step B needs the grated zest.\nThe answer is: Before.\nReflection: the zest must be grated "
+     "first; the answer follows.\nThe final answer: Before.", ("before", "before")),
+    ("The answer is: Before.\nReflection: Step A needs the juice that Step B measures out, so I was wrong.\n"
+     "The final answer: After.", ("before", "after")),
+    ("The answer is: Parallel. Reflection: no dependency. The final answer: Parallel.", ("independent", "independent")),
+    ("The answer is: After.\nReflection: ...\nThe final answer: **Before**", ("after", "before")),
+    # several final answers: the last one is read (first = the first "The answer is:")
+    ("The answer is: Before.\nThe final answer: Before.\nReflection: on second thought ...\n"
+     "The answer is: After.\nThe final answer: After.", ("before", "after")),
+    # no final answer: a failed self-reflection (MATEO section 6) -> other, whatever the first answer
+    ("The answer is: After.\nReflection: the answer follows from the dependencies.", ("after", "other")),
+    ("The answer is: Before.\nReflection: <your_reflection>\nThe final answer: <final_answer>", ("before", "other")),
+    ("The final answer: I don't know.", ("other", "other")),
+]
+
+
+@pytest.mark.parametrize("text,expected", MATEO_REFLECTION_CASES)
+def test_mateo_self_reflection(text, expected):
+    assert parse_teo_answers(text, "self_reflection") == expected
+    assert parse_teo_answer(text, "self_reflection") == expected[1]
 
 
 def test_unknown_strategy_lists_valid_names():

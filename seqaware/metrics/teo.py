@@ -7,10 +7,18 @@ other string counts as ``other`` (a non-answer).
 
 Definitions (MATEO):
 
-* ``f1_before`` -- F1 of ``before`` on the original set; ``f1_after`` -- F1 of ``after`` on the
-  swapped set; ``f1_independent`` -- F1 of ``independent`` over both sets together; ``macro_f1``
-  -- their mean. Each is the usual one-vs-rest F1 of a multi-class prediction (as
-  ``sklearn.metrics.f1_score(labels=[c], average=None, zero_division=0)``).
+* MATEO's per-class F1 (MATEO Table 4 and section 6: "Because the ground-truth labels for the *after*
+  class are defined on the swapped step order, we compute F1 scores for this class on the swapped
+  dataset. In contrast, scores for the *before* and *independent* classes are computed using the
+  original step order."): ``mateo_f1_before`` -- F1 of ``before`` on the original set;
+  ``mateo_f1_independent`` -- F1 of ``independent`` on the original set; ``mateo_f1_after`` -- F1
+  of ``after`` on the swapped set.
+* seqaware's pooled variant (kept): ``f1_before`` / ``f1_after`` as above (equal to the MATEO
+  ones); ``f1_independent`` -- F1 of ``independent`` over both sets together (every independent
+  pair is asked twice); ``macro_f1`` -- the mean of ``f1_before``, ``f1_after``, ``f1_independent``.
+  Every F1 is the usual one-vs-rest F1 of a multi-class prediction (as
+  ``sklearn.metrics.f1_score(labels=[c], average=None, zero_division=0)``): ``other`` predictions
+  count as errors of the gold class.
 * ``consistency_accuracy`` -- share of pairs answered right in *both* presentations: a dependent
   pair counts only if predicted ``before`` in the original and ``after`` in the swapped
   presentation, an independent pair only if predicted ``independent`` in both.
@@ -31,7 +39,8 @@ OTHER = "other"
 TEO_COLUMNS = (
     ("consistency_accuracy", "Cons. Acc"), ("consistency_dependent", "Cons. dep"),
     ("consistency_independent", "Cons. indep"), ("f1_before", "F1 before"), ("f1_after", "F1 after"),
-    ("f1_independent", "F1 indep"), ("macro_f1", "macro F1"), ("other_rate", "Other"),
+    ("f1_independent", "F1 indep"), ("mateo_f1_independent", "F1 indep (orig.)"), ("macro_f1", "macro F1"),
+    ("other_rate", "Other"),
 )
 
 
@@ -107,6 +116,10 @@ def teo_report(
         "f1_after": f1["after"],
         "f1_independent": f1["independent"],
         "macro_f1": sum(f1.values()) / 3,
+        # MATEO Table 4 / section 6: before and independent on the original order, after on the swapped
+        "mateo_f1_before": _f1(gold_o, pred_o, "before"),
+        "mateo_f1_independent": _f1(gold_o, pred_o, "independent"),
+        "mateo_f1_after": _f1(gold_s, pred_s, "after"),
         "other_rate": share([p == OTHER for p in preds_all]),
         "accuracy_original": share([g == p for g, p in zip(gold_o, pred_o)]),
         "accuracy_swapped": share([g == p for g, p in zip(gold_s, pred_s)]),

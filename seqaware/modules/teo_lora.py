@@ -39,7 +39,8 @@ from seqaware.teo.vlm import BUILT_IN_MODELS, answer_loss, apply_lora, load_inte
 log = logging.getLogger(__name__)
 
 REPORT_KEYS = ("consistency_accuracy", "consistency_dependent", "consistency_independent", "f1_before",
-               "f1_after", "f1_independent", "macro_f1", "other_rate", "accuracy_original", "accuracy_swapped")
+               "f1_after", "f1_independent", "macro_f1", "mateo_f1_before", "mateo_f1_independent", "mateo_f1_after", "other_rate",
+               "accuracy_original", "accuracy_swapped")
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -62,7 +63,7 @@ class TeoLoraModule(SeqawareModule):
         lora: ``{r, alpha, dropout, target: language|language_vision|all_linear, bias}``.
         gradient_checkpointing: recompute activations in the backward pass (saves memory on GPU).
         strategy: prompt strategy whose answers are parsed (must match ``data.strategy``).
-        max_new_tokens: generation budget of an answer (``Q1: Yes\\nQ2: No\\nQ3: No`` is ~15 tokens).
+        max_new_tokens: generation budget of an answer (MATEO's ``Q1: The answer is: Yes.`` x 3 lines is ~30 tokens).
         adapter_dir: where the PEFT adapter is saved at the end of fit (None: ``<run folder>/adapter``).
         merge_adapter: also save the merged full model to ``adapter_dir/merged``.
         optimizer / scheduler: see :class:`~seqaware.modules.base.SeqawareModule`.
@@ -70,7 +71,7 @@ class TeoLoraModule(SeqawareModule):
 
     def __init__(self, name_or_path: str = "tiny", tiny: dict | None = None, init_seed: int = 0, dtype: str = "float32",
                  attn_implementation: str | None = "sdpa", lora: dict | None = None, gradient_checkpointing: bool = False,
-                 strategy: str = "instructions", max_new_tokens: int = 16, adapter_dir: str | None = None,
+                 strategy: str = "instructions", max_new_tokens: int = 40, adapter_dir: str | None = None,
                  merge_adapter: bool = False, optimizer: dict | None = None, scheduler: dict | None = None):
         super().__init__()
         self.save_hyperparameters({

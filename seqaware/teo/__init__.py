@@ -21,13 +21,15 @@ from seqaware.teo.prompts import (
     STRATEGIES,
     build_coherence_prompt,
     build_iso_prompt,
+    build_teo_finetune_prompt,
     build_teo_prompt,
     prompt_hash,
+    teo_answer,
 )
 
 __all__ = [
     "ISO_STRATEGIES", "MODALITIES", "OTHER", "QUESTION_STRATEGIES", "STRATEGIES",
-    "build_coherence_prompt", "build_iso_prompt", "build_teo_prompt", "parse_coherence_answer",
+    "build_coherence_prompt", "build_iso_prompt", "build_teo_finetune_prompt", "build_teo_prompt", "parse_coherence_answer",
     "parse_iso_answer", "parse_teo_answer", "parse_teo_answers", "prompt_hash", "question_answers",
-    "reflection_outcome",
+    "reflection_outcome", "teo_answer",
 ]

@@ -1,18 +1,25 @@
 """Parse free-text model answers into TEO classes, ISO labels and COHERENCE assignments.
 
-TEO (prompts of :mod:`seqaware.teo.prompts`):
+TEO (prompts of :mod:`seqaware.teo.prompts`, MATEO Table 5; answer formats of Table 5 / Table 6):
 
-* question strategies (``baseline``, ``instructions``, ``icl``) answer Yes/No to Q1 (A before B),
-  Q2 (A after B), Q3 (parallel / independent). Exactly one ``Yes`` and two ``No`` give that class
-  (Q1 -> ``before``, Q2 -> ``after``, Q3 -> ``independent``); anything else -- a missing answer,
-  several Yes, all No, "I don't know", contradicting repeated answers -- is ``other``.
-* ``cot``: the last ``The answer is: X`` line, X in Before/After/Parallel (``parallel`` and
-  ``independent`` -> ``independent``).
-* ``self_reflection``: the first answer is the first ``The answer is: X``; the final answer is the
-  last ``The final answer: X``. Missing lines give ``other``.
+* question strategies (``baseline``, ``instructions``, ``icl``) and the fine-tuned model answer
+  Q1 (A before B), Q2 (A after B), Q3 (parallel) in MATEO's format ``Q1: The answer is: Yes.``
+  (``The answer is:`` optional, so ``Q1: Yes`` reads the same). MATEO section 3: exactly one ``Yes``
+  and two ``No`` give that class (Q1 -> ``before``, Q2 -> ``after``, Q3 -> ``independent``); anything
+  else -- a missing answer, several Yes, all No, ``I don't know`` -- is ``other``.
+  A question that appears several times (the model echoes the questions, then answers them) is read
+  from its answered occurrences: an occurrence without a Yes/No/I-don't-know after it (an echoed
+  question, the echoed ``<Yes/No/I don't know>`` template) is skipped; answered occurrences that
+  disagree make the reply ``other`` (no occurrence is preferred over another).
+* ``cot``: the *last* ``The answer is: X``, X in Before/After/Parallel (``parallel`` and
+  ``independent`` -> ``independent``); MATEO section 3: CoT predicts the class directly.
+* ``self_reflection``: the first answer is the *first* ``The answer is: X``; the final answer (the
+  one scored) is the *last* ``The final answer: X`` (Table 5 format ``Reflection: ... The final
+  answer: ...``). A reply without a final answer is ``other`` (MATEO section 6 counts these as
+  failures to self-reflect), even when it has a first answer.
 
 Matching ignores case, markdown emphasis (``**``, ``__``, backticks, headings), list bullets,
-surrounding punctuation and extra text.
+surrounding punctuation and extra text; a reply may hold the three answers on one line or three.
 
 ISO: ``DEP`` for yes, ``NONDEP`` for no, ``other`` otherwise; answer-only replies must use yes or no
 but not both, explain-then-answer replies end with ``Answer: Yes|No``.
@@ -40,6 +47,11 @@ _LABEL = re.compile(
     re.IGNORECASE,
 )
 _YES_NO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
+_DONT_KNOW = "don't know"
+"""The third answer of MATEO's ternary questions (section 3); it makes the reply ``other``."""
+_ANSWER_WORD = re.compile(r"^\W*(yes|no|i\s+do\s*n[o']?t\s+know)\b", re.IGNORECASE)
+_ANSWER_PREFIX = re.compile(r"^\W*(?:the\s+)?answer\s*(?:is)?\s*[:=\-]?", re.IGNORECASE)
+_TEMPLATE_ECHO = re.compile(r"^\W*yes\s*/\s*no", re.IGNORECASE)  # "<Yes/No/I don't know>" copied from the prompt
 _CLASS_WORD = r"(before|after|parallel|independent)\b"
 _ANSWER_IS = re.compile(r"\bthe\s+answer\s*(?:is)?\s*[:=\-]?\s*\W{0,3}" + _CLASS_WORD, re.IGNORECASE)
 _FINAL_ANSWER = re.compile(r"\b(?:the\s+)?final\s+answer\s*(?:is)?\s*[:=\-]?\s*\W{0,3}" + _CLASS_WORD, re.IGNORECASE)
@@ -52,47 +64,61 @@ def _clean(text: str | None) -> str:
     return _MARKDOWN.sub("", str(text)).replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _segment_answer(segment: str) -> str | None:
-    """``yes``/``no`` answering one question segment, or None when it is anything else.
+def _answer_word(text: str) -> str | None:
+    """``yes`` / ``no`` / ``don't know`` at the start of ``text`` (after an optional ``The answer is:``)."""
+    text = _ANSWER_PREFIX.sub("", text, count=1)
+    if _TEMPLATE_ECHO.match(text):
+        return None
+    match = _ANSWER_WORD.match(text)
+    if not match:
+        return None
+    word = match.group(1).lower()
+    return word if word in ("yes", "no") else _DONT_KNOW
 
-    The answer is the first word after the label; if the model repeated the question
-    (``Q1: Must Step A ...? Yes``), the first word after the first ``?`` on the label's line.
+
+def _segment_answer(segment: str) -> str | None:
+    """``yes``/``no``/``don't know`` answering one question segment, or None when it holds no answer.
+
+    The answer is the first word after the label (after an optional ``The answer is:``); if the
+    model repeated the question (``Q1: Must Step A ...? Yes``), the first word after the first
+    ``?`` on the label's line.
     """
     segment = segment.strip()
-    match = _YES_NO.match(segment)
-    if match:
-        return match.group(1).lower()
+    answer = _answer_word(segment)
+    if answer:
+        return answer
     first_line = segment.split("\n", 1)[0]
     if "?" in first_line:
-        match = _YES_NO.match(first_line.split("?", 1)[1])
-        if match:
-            return match.group(1).lower()
+        return _answer_word(first_line.split("?", 1)[1])
     return None
 
 
 def question_answers(text: str | None) -> dict[int, str | None]:
-    """Answers to Q1-Q3 found in ``text``: ``{1: "yes", 2: "no", 3: None, ...}``.
+    """Answers to Q1-Q3 found in ``text``: ``{1: "yes", 2: "no", 3: "don't know", ...}``.
 
-    Only questions that appear get a key; an answer that is not a clear yes/no is None, and a
-    question answered twice differently is None. Without any ``Q1``-style label, a reply made of
-    exactly three yes/no words (``Yes\\nNo\\nNo`` or ``Yes, No, No``) is read in Q1-Q3 order.
+    Only questions that appear get a key. The value is ``yes``, ``no``, ``don't know`` or None (no
+    answer, or answered occurrences that disagree); occurrences without an answer (echoed questions)
+    are skipped when another occurrence of the question is answered. Without any ``Q1``-style label,
+    a reply made of exactly three yes/no words (``Yes\\nNo\\nNo``, ``Yes, No, No``, or three
+    ``The answer is: Yes.`` lines) is read in Q1-Q3 order.
     """
     text = _clean(text)
     labels = list(_LABEL.finditer(text))
-    answers: dict[int, str | None] = {}
+    found: dict[int, list[str | None]] = {}
     if labels:
         for k, match in enumerate(labels):
             end = labels[k + 1].start() if k + 1 < len(labels) else len(text)
             question = int(match.group(1) or match.group(2))
-            answer = _segment_answer(text[match.end():end])
-            if question in answers and answers[question] != answer:
-                answer = None
-            answers[question] = answer
+            found.setdefault(question, []).append(_segment_answer(text[match.end():end]))
+        answers: dict[int, str | None] = {}
+        for question, values in found.items():
+            given = {v for v in values if v is not None}
+            answers[question] = given.pop() if len(given) == 1 else None
         return answers
-    words = re.findall(r"[a-z']+", text.lower())
+    words = re.findall(r"[a-z']+", re.sub(r"\bthe\s+answer\s+is\b", " ", text.lower()))
     if len(words) == 3 and all(w in ("yes", "no") for w in words):
         return {i + 1: w for i, w in enumerate(words)}
-    return answers
+    return {}
 
 
 def _check_strategy(strategy: str) -> None:
@@ -105,7 +131,8 @@ def _parse_questions(text: str | None) -> str:
     if sorted(answers) != [1, 2, 3] or any(a is None for a in answers.values()):
         return OTHER
     yes = [q for q, a in answers.items() if a == "yes"]
-    return _QUESTION_CLASS[yes[0]] if len(yes) == 1 else OTHER
+    no = [q for q, a in answers.items() if a == "no"]
+    return _QUESTION_CLASS[yes[0]] if len(yes) == 1 and len(no) == 2 else OTHER
 
 
 def _classes(pattern: re.Pattern, text: str | None) -> list[str]:

@@ -12,9 +12,11 @@ multimodal chat format understood by ``processor.apply_chat_template``::
 Adjacent text pieces are merged into one text item, so a text-only prompt is a single text item
 per message and an image prompt has exactly one image item per shown picture.
 
-TEO (MATEO, Roccabruna et al.): 5 strategies (``baseline``, ``instructions``, ``icl``, ``cot``,
-``self_reflection``) x 3 modalities (``image``, ``text``, ``image_text``). Steps are objects or
-dicts with ``text`` and ``image`` (the image may be None for the ``text`` modality).
+TEO (MATEO): 5 strategies (``baseline``, ``instructions``, ``icl``, ``cot``, ``self_reflection``)
+x 3 modalities (``image``, ``text``, ``image_text``) as written in MATEO Table 5, plus the fine-tuning
+prompt and answer of Table 6 (:func:`build_teo_finetune_prompt`, :func:`teo_answer`); the order of
+each prompt's parts is ``layouts`` in ``configs/prompts/teo.yaml`` (see ``docs/protocols/teo.md``).
+Steps are objects or dicts with ``text`` and ``image`` (the image may be None for ``text``).
 """
 from __future__ import annotations
 
@@ -114,49 +116,97 @@ def _messages(system: str | None, content: list[dict[str, Any]]) -> list[Message
     return messages
 
 
-def _icl_examples(t: Mapping[str, Any]) -> str:
-    return "\n\n".join(
-        t["icl_example"].format(index=i + 1, step_a=ex["step_a"], step_b=ex["step_b"], questions=t["questions"],
-                                answer=t["question_answers"][ex["answer"]])
-        for i, ex in enumerate(t["icl_examples"])
-    )
+TEO_LAYOUTS = STRATEGIES + ("finetune",)
+"""Prompt layouts of ``configs/prompts/teo.yaml``: the five strategies (MATEO Table 5) and ``finetune``
+(MATEO Table 6, the Instructions prompt the paper fine-tunes with)."""
+TEO_TARGET_FORMATS = ("mateo", "short")
+"""Answer formats of ``teo_answer``: ``mateo`` (Table 6, ``Q1: The answer is: Yes.``) and ``short``
+(seqaware's earlier ``Q1: Yes``)."""
+
+
+def _teo_examples(t: Mapping[str, Any], kind: str) -> str:
+    """The three worked examples (MATEO Table 5) written for ``icl``, ``cot`` or ``reflection``."""
+    blocks = []
+    for ex in t["examples"]:
+        if kind == "icl":
+            blocks.append(t["icl_example"].format(
+                step_a=ex["step_a"], step_b=ex["step_b"], questions_header=t["questions_header"],
+                questions=t["questions"], answer_lines=t["answers"]["mateo"][ex["label"]], explanation=ex["explanation"]))
+        else:
+            block = t["cot_example"].format(**{k: ex[k] for k in ("step_a", "step_b", "a_produces", "b_produces",
+                                                                  "a_requires", "b_requires", "analysis", "answer")})
+            if kind == "reflection":
+                block += "\n" + t["reflection_example_tail"]
+            blocks.append(block)
+    return "\n".join(blocks)
+
+
+_TEO_COMPUTED = {"icl_examples": "icl", "cot_examples": "cot", "reflection_examples": "reflection"}
+
+
+def _teo_piece(t: Mapping[str, Any], name: str, modality: str) -> str:
+    if name in _TEO_COMPUTED:
+        return _teo_examples(t, _TEO_COMPUTED[name])
+    if name not in t:
+        raise ValueError(f"configs/prompts/teo.yaml: a layout names the piece {name!r}, which the file does not define")
+    value = t[name]
+    if isinstance(value, Mapping):
+        value = value[modality]
+    return (value or "").strip()
+
+
+def _teo_messages(layout: str, modality: str, step_a: Any, step_b: Any, prompts_dir: str | None) -> list[Message]:
+    t = load_templates("teo", prompts_dir)
+    if layout not in t.get("layouts", {}):
+        raise ValueError(f"configs/prompts/teo.yaml has no layout {layout!r}")
+    show_image = modality in ("image", "image_text")
+    show_text = modality in ("text", "image_text")
+    content: list[dict[str, Any]] = []
+    for entry in t["layouts"][layout]:
+        if entry == "steps":  # section 3: markers precede each image / text; Step A, then Step B
+            for name, step in (("A", step_a), ("B", step_b)):
+                if show_image:
+                    image = step_image(step, name)
+                    content.append({"type": "text", "text": t["markers"]["picture"].format(name=name)})
+                    content.append({"type": "image", "image": image})
+                if show_text:
+                    content.append({"type": "text",
+                                    "text": t["markers"]["description"].format(name=name, text=step_text(step, name))})
+            continue
+        line = " ".join(p for p in (_teo_piece(t, name, modality) for name in entry) if p)
+        content.append({"type": "text", "text": line})
+    return _messages(t.get("system"), content)
 
 
 def build_teo_prompt(strategy: str, modality: str, step_a: Any, step_b: Any, prompts_dir: str | None = None) -> list[Message]:
-    """Chat messages asking how Step A must be executed relative to Step B.
+    """Chat messages asking how Step A must be executed relative to Step B (MATEO Table 5).
 
-    ``strategy`` in :data:`STRATEGIES`, ``modality`` in :data:`MODALITIES`. The user message shows
-    ``Step A picture:`` + image and/or ``Step A description: <text>``, the same for B, the three
-    questions (Q1 before, Q2 after, Q3 parallel/independent) and the strategy's instructions.
-    Raises ValueError for an unknown strategy/modality (listing the valid names) and for a step
-    without the image (image modalities) or text (text modalities) the prompt needs.
+    ``strategy`` in :data:`STRATEGIES`, ``modality`` in :data:`MODALITIES`; the wording and the order
+    of its parts are ``layouts[strategy]`` of ``configs/prompts/teo.yaml``. Images sit right after
+    their ``Step A picture:`` / ``Step B picture:`` markers. Raises ValueError for an unknown
+    strategy/modality (listing the valid names) and for a step without the image (image modalities)
+    or text (text modalities) the prompt needs.
     """
     _check_choice("strategy", "strategies", strategy, STRATEGIES)
     _check_choice("modality", "modalities", modality, MODALITIES)
-    t = load_templates("teo", prompts_dir)
-    spec = t["strategies"][strategy]
-    fields = {"questions": t["questions"], "definitions": t["definitions"]}
-    if "{examples}" in spec["before_steps"] + spec["after_steps"]:
-        fields["examples"] = _icl_examples(t)
+    return _teo_messages(strategy, modality, step_a, step_b, prompts_dir)
 
-    show_image = modality in ("image", "image_text")
-    show_text = modality in ("text", "image_text")
-    intro = [t["intro"][modality]]
-    if show_text:
-        intro.append(t["sequencing_rule"])
-    if modality == "image_text":
-        intro.append(t["image_text_note"])
-    content: list[dict[str, Any]] = [{"type": "text", "text": "\n".join(intro)},
-                                     {"type": "text", "text": spec["before_steps"].format(**fields).strip()}]
-    for name, step in (("A", step_a), ("B", step_b)):
-        if show_image:
-            image = step_image(step, name)
-            content.append({"type": "text", "text": t["markers"]["picture"].format(name=name)})
-            content.append({"type": "image", "image": image})
-        if show_text:
-            content.append({"type": "text", "text": t["markers"]["description"].format(name=name, text=step_text(step, name))})
-    content.append({"type": "text", "text": spec["after_steps"].format(**fields).strip()})
-    return _messages(t.get("system"), content)
+
+def build_teo_finetune_prompt(modality: str, step_a: Any, step_b: Any, prompts_dir: str | None = None) -> list[Message]:
+    """The prompt MATEO fine-tunes with (Table 6; the Instructions task of section 5.4): rules
+    (+ the sequencing-terms rule for text modalities), the two steps, the three questions."""
+    _check_choice("modality", "modalities", modality, MODALITIES)
+    return _teo_messages("finetune", modality, step_a, step_b, prompts_dir)
+
+
+def teo_answer(label: str, target_format: str = "mateo", prompts_dir: str | None = None) -> str:
+    """The assistant answer of a TEO class: ``mateo`` (Table 6: three ``Qk: The answer is: Yes/No.``
+    lines) or ``short`` (``Qk: Yes/No``). ValueError for an unknown label or format."""
+    _check_choice("TEO target format", "target formats", target_format, TEO_TARGET_FORMATS)
+    answers = load_templates("teo", prompts_dir)["answers"][target_format]
+    if label not in answers:
+        raise ValueError(f"unknown TEO label {label!r}; valid labels: {', '.join(answers)}")
+    return answers[label]
 
 
 def build_iso_prompt(strategy: str, instance: Mapping[str, Any], image: Any = None, prompts_dir: str | None = None) -> list[Message]:
