@@ -623,16 +623,16 @@ def teo_rows(results: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, str
     """
     table3: dict[tuple[str, str, bool], dict] = {}
     table4: dict[tuple[str, str, bool], dict] = {}
-    reports = [(name, r["strategy"], r["modality"], report, False)
+    reports = [(r["_path"], name, r["strategy"], r["modality"], report, False)
                for r in results for name, report in r["rows"].items()]
-    reports += [(name, strategy, modality, {k.removeprefix("teo_"): v for k, v in metrics.items()}, True)
+    reports += [(name, name, strategy, modality, {k.removeprefix("teo_"): v for k, v in metrics.items()}, True)
                 for name, strategy, modality, metrics in runs]
-    for name, strategy, modality, report, finetuned in reports:
-        if strategy not in STRATEGIES:
-            raise SystemExit(f"TEO result of {name!r}: strategy {strategy!r} is not a MATEO column ({', '.join(STRATEGIES)})")
+    for source, name, strategy, modality, report, finetuned in reports:
+        if strategy not in STRATEGIES or modality not in MODALITIES:
+            raise SystemExit(f"{source}: strategy {strategy!r} / modality {modality!r} is not a MATEO column "
+                             f"(strategies {', '.join(STRATEGIES)}; modalities {', '.join(MODALITIES)})")
         row = table3.setdefault((name, modality, finetuned), {
-            "model": name, "modality": modality, "finetuned": finetuned, **{s: DASH for s in STRATEGIES},
-            "_label": {}})
+            "model": name, "modality": modality, "finetuned": finetuned, **{s: DASH for s in STRATEGIES}})
         row[strategy] = _teo_value(report, "consistency_accuracy")
         if modality == "image_text":
             for cls, keys in (("before", ("mateo_f1_before", "f1_before")), ("independent", ("mateo_f1_independent",)),
@@ -640,8 +640,8 @@ def teo_rows(results: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, str
                 row4 = table4.setdefault((name, cls, finetuned), {"model": name, "class": cls, "finetuned": finetuned,
                                                                   **{s: DASH for s in STRATEGIES}})
                 row4[strategy] = _teo_value(report, *keys)
-    ours = lambda rows: [dict(r, model=f"{r['model']} (ours)") for r in rows.values()]  # noqa: E731
-    return {("mateo", "Table 3"): ours(table3), ("mateo", "Table 4"): ours(table4)}
+    return {("mateo", "Table 3"): [dict(r, model=f"{r['model']} (ours)") for r in table3.values()],
+            ("mateo", "Table 4"): [dict(r, model=f"{r['model']} (ours)") for r in table4.values()]}
 
 
 def iso_rows(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[dict]]:
