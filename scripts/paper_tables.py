@@ -539,6 +539,8 @@ def parse_sequencing_spec(spec: str) -> tuple[str, str, str, Path]:
 
 def parse_teo_spec(spec: str) -> tuple[str, str, str, Path]:
     """``NAME@STRATEGY/MODALITY=PATH`` (a train.py run) -> (name, strategy, modality, path)."""
+    if "@" not in spec:
+        raise SystemExit(f"--teo {spec!r}: no such result file (or give a train.py run as NAME@STRATEGY/MODALITY=PATH)")
     name, strategy, modality, path = _spec_parts(spec, "--teo", "STRATEGY/MODALITY")
     if strategy not in STRATEGIES:
         raise SystemExit(f"--teo {spec!r}: strategy {strategy!r}, expected one of {', '.join(STRATEGIES)}")

@@ -515,6 +515,8 @@ def test_result_file_errors(tmp_path):
         pt.main(["--iso", str(_write(tmp_path / "bad.json", "{"))])
     with pytest.raises(SystemExit, match=r"--teo 'lora@fewshot/text=x.log': strategy 'fewshot'"):
         pt.main(["--teo", "lora@fewshot/text=x.log"])
+    with pytest.raises(SystemExit, match=r"--teo 'gone.json': no such result file"):
+        pt.main(["--teo", "gone.json"])
     with pytest.raises(SystemExit, match="NAME@DATASET/MODALITY=PATH"):
         pt.main(["--sequencing", "no-at-sign=foo.json"])
     with pytest.raises(SystemExit, match=r"dataset 'synthetic' is not a column of Wu et al.'s tables \(wikihow, recipeqa\)"):
@@ -524,3 +526,24 @@ def test_result_file_errors(tmp_path):
         pt.main(["--sequencing", f"m@recipeqa/text={empty}"])
     with pytest.raises(SystemExit, match="no such metrics file"):
         pt.main(["--sequencing", f"m@recipeqa/text={tmp_path / 'missing.json'}"])
+
+
+def test_rows_from_the_projects_own_metric_reports(tmp_path):
+    """The key names of seqaware.metrics' ISO and COHERENCE reports, as eval_teo writes them, reach the paper columns."""
+    from seqaware.metrics.coherence import coherence_rows
+    from seqaware.metrics.iso import iso_rows
+
+    gold = ["DEP"] * 4 + ["NONDEP"] * 4
+    pred = ["DEP", "DEP", "DEP", "NONDEP", "DEP", "DEP", "NONDEP", "NONDEP"]
+    iso = _write(tmp_path / "iso.json", {"task": "iso", "model": "vlm", "strategy": "answer_only", "modality": "image_text",
+                                         "rows": iso_rows(gold, {"vlm": pred})})
+    instances = [{"instance_id": "a", "candidates": ["x", "y", "z"], "gold": [0, 1, 2], "distractors": [], "difficulty": "easy"},
+                 {"instance_id": "b", "candidates": ["p", "q", "r", "s"], "gold": [0, 1, 2, 3], "distractors": [],
+                  "difficulty": "medium"}]
+    # a: exact; b: one swapped pair of 6 -> tau 2/3, partial 5/6
+    rows = coherence_rows(instances, {"vlm": {"a": [0, 1, 2], "b": [1, 0, 2, 3]}})
+    coherence = _write(tmp_path / "coherence.json", {"task": "coherence", "model": "vlm", "strategy": "assign",
+                                                     "modality": "image_text", "rows": rows})
+    lines = pt.main(["--iso", str(iso), "--coherence", str(coherence)]).splitlines()
+    assert "| vlm (ours) | A | 0.60 | 0.75 | 0.67 | 0.67 | 0.50 | 0.57 | 0.63 | 0.62 | 0.62 |" in lines
+    assert "| vlm (ours) | 100.00 | 100.00 | 0.00 | 83.33 | n/a | n/a | 50.00 | 91.67 |" in lines
