@@ -11,7 +11,7 @@ from PIL import Image
 
 from data_modules.tasks.teo import teo_eval_sets
 from seqaware.procedure import Procedure, Step
-from seqaware.teo.prompts import prompt_images, prompt_text
+from seqaware.teo.prompts import build_coherence_prompt, build_iso_prompt, prompt_images, prompt_text
 from seqaware.teo.runner import (
     OutputCache, evaluate_coherence, evaluate_iso, evaluate_teo, run_queries, teo_queries, write_result,
 )
@@ -516,3 +516,39 @@ def test_script_synthetic_source(tmp_path):
     (result,) = script.run(script.parse_config(argv), generate=model, signature="fake")
     assert result["num_pairs"] > 0 and model.prompts == 2 * result["num_pairs"]
     assert result["rows"]["fake"]["other_rate"] == 1.0     # "Q1: No ..." is not a CoT answer
+
+
+def test_iso_and_coherence_prompts_through_tiny_internvl(tmp_path):
+    """The paper prompts go through a real chat template: image first (ISO), 3 labelled candidates (COHERENCE),
+    and the ISO call generates with the 120-token limit of App. H while the generator keeps its own."""
+    from seqaware.teo import vlm
+    from seqaware.teo.runner import HFGenerator
+
+    proc = _procedure(tmp_path)
+    model, processor = vlm.build_tiny_internvl()
+
+    class Recording(HFGenerator):
+        def __call__(self, batch):
+            self.seen = getattr(self, "seen", []) + [self.max_new_tokens]
+            return super().__call__(batch)
+
+    generator = Recording(model, processor, max_new_tokens=2)
+    isos = [_iso_instance(0, "before", "DEP")]
+    result = evaluate_iso(isos, generator, OutputCache(tmp_path / "raw.jsonl"), "answer_only", "tiny",
+                          signature=generator.signature, image_root=tmp_path, max_new_tokens=4)
+    assert generator.seen == [4] and generator.max_new_tokens == 2 and result["rows"]["tiny"]["n"] == 1
+    inputs = processor.apply_chat_template(build_iso_prompt("explain", isos[0], image=Image.new("RGB", (16, 16))),
+                                           add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert len(inputs["pixel_values"]) == 1
+    iso_text = processor.apply_chat_template(build_iso_prompt("explain", isos[0], image=Image.new("RGB", (16, 16))),
+                                             add_generation_prompt=True, tokenize=False)
+    assert re.search(r"user\n<[A-Z_]+>\nGOAL: Make bread\nPlan:\nMix\.\nBake\.\nQUESTION: ", iso_text)   # image first
+    coh = {"instance_id": "c", "title": "Bread", "text": "Mix. <image_1>\nKnead. <image_2>", "num_images": 2,
+           "candidates": [f"images/p_{i}.png" for i in range(3)], "gold": [1, 0], "distractors": [2]}
+    result = evaluate_coherence([coh], generator, OutputCache(tmp_path / "raw.jsonl"), "tiny",
+                                signature=generator.signature, image_root=tmp_path)
+    assert generator.seen == [4, 2] and result["rows"]["tiny"]["n"] == 1
+    text = processor.apply_chat_template(build_coherence_prompt(coh, images=[Image.new("RGB", (16, 16))] * 3),
+                                         add_generation_prompt=True, tokenize=False)
+    # each label directly followed by its image (App. F: "Image 0[image] Image 1[image] ..."), then the instructions
+    assert re.search(r"\):\nImage 0(<[A-Z_]+>)\nImage 1\1\nImage 2\1\n## Instructions:", text)
