@@ -483,7 +483,7 @@ def test_iso_export_through_field_mapping(tmp_path):
     png(tmp_path / "iso" / "i0.png", RED)
     embedded = {"bytes": list(png_bytes(GREEN))}
     path = jsonl(tmp_path / "iso" / "iso.jsonl", [
-        {"uid": "q0", "plan": {"text": ["Mix.", "Bake."]}, "img": "i0.png", "ans": "yes",
+        {"uid": "q0", "plan": {"text": ["Mix.", "Bake."]}, "img": "i0.png", "ans": "yes", "goal": " Bake bread ",
          "q": "Must the step shown happen before the steps described?"},
         {"uid": "q1", "plan": {"text": "Serve."}, "img": embedded, "ans": "no", "q": "Must it happen after them?"},
     ])
@@ -493,6 +493,7 @@ def test_iso_export_through_field_mapping(tmp_path):
     a, b = result.tasks["iso"]
     assert (a["instance_id"], a["label"], a["task"], a["k"], a["snippet"]) == ("q0", "DEP", "before", 2, ["Mix.", "Bake."])
     assert (b["label"], b["task"], b["snippet"]) == ("NONDEP", "after", ["Serve."])
+    assert (a["goal"], b["goal"]) == ("Bake bread", None)
     assert mean_color(out / a["image"]) == RED and mean_color(out / b["image"]) == GREEN
     report = iso_report({i["instance_id"]: i["label"] for i in result.tasks["iso"]}, {"q0": "DEP", "q1": "DEP"})
     assert report["accuracy"] == pytest.approx(0.5)
@@ -500,12 +501,16 @@ def test_iso_export_through_field_mapping(tmp_path):
 
 def test_iso_export_errors_name_mapped_fields(tmp_path):
     path = jsonl(tmp_path / "iso.jsonl", [{"uid": "q0", "plan": ["A."], "ans": "yes"},
-                                          {"uid": "q1", "plan": ["A."], "img": "missing.png", "ans": "perhaps"}])
-    fields = {"id": "uid", "snippet": "plan", "image": "img", "label": "ans"}
+                                          {"uid": "q1", "plan": ["A."], "img": "missing.png", "ans": "perhaps"},
+                                          {"uid": "q2", "plan": ["A."], "img": "m.png", "ans": "yes", "rel": "during",
+                                           "goal": " "}])
+    fields = {"id": "uid", "snippet": "plan", "image": "img", "label": "ans", "task": "rel"}
     with pytest.raises(ProcedureFormatError) as excinfo:
         run_adapter("iso", path, tmp_path / "out" / "images", fields=fields)
     assert f"{path}:1: q0: img: missing field" in errors_of(excinfo)
     assert f"{path}:2: q1: ans: label 'perhaps' is not mapped to DEP/NONDEP" in errors_of(excinfo)
+    assert f"{path}:3: q2: rel: task 'during' is not 'before' or 'after'" in errors_of(excinfo)
+    assert f"{path}:3: q2: goal: must be a non-empty string" in errors_of(excinfo)
     with pytest.raises(AdapterOptionError, match=r"unknown key\(s\) \['answer'\]"):
         run_adapter("iso", path, None, fields={"answer": "ans"})
 
@@ -528,8 +533,29 @@ def test_coherence_export_placeholders_gold_and_scoring(tmp_path):
     # without gold: candidates were in placeholder order and are shuffled; gold follows them
     assert [mean_color(out / d1["candidates"][g]) for g in d1["gold"]] == [RED, GREEN, BLUE]
     assert d1["distractors"] == [] and d1["num_images"] == 3
+    assert d0["title"] is None
     report = coherence_report(result.tasks["coherence"], {i["instance_id"]: i["gold"] for i in result.tasks["coherence"]})
     assert report["exact_match"] == 1.0
+
+
+def test_coherence_export_paper_placeholders_title_and_source(tmp_path):
+    """The default pattern reads the paper's [IMAGE_PLACEHOLDER] (App. D.1); gold is 0-based as in the paper."""
+    src = tmp_path / "coh"
+    for name, color in (("a", RED), ("b", GREEN)):
+        png(src / f"{name}.png", color)
+    path = jsonl(src / "coh.jsonl", [
+        {"id": "w0", "title": "Ginger Tea", "source": "Cooking", "gold": [1, 0],
+         "text": "Peel. [IMAGE_PLACEHOLDER] Boil. [IMAGE_PLACEHOLDER]", "candidates": ["a.png", "b.png"]},
+        {"id": "w1", "title": "", "text": "Cut. [IMAGE_PLACEHOLDER] Fry. [IMAGE_PLACEHOLDER]", "candidates": ["a.png", "b.png"]},
+    ])
+    with pytest.raises(ProcedureFormatError) as excinfo:
+        run_adapter("coherence", path, tmp_path / "out" / "images")
+    assert errors_of(excinfo).endswith(f"1 problem(s) in procedures:\n{path}:2: w1: title: must be a non-empty string")
+    path.write_text(path.read_text().splitlines()[0] + "\n")
+    (w0,) = run_adapter("coherence", path, tmp_path / "out" / "images").tasks["coherence"]
+    assert w0["text"] == "Peel. <image_1> Boil. <image_2>" and w0["gold"] == [1, 0]
+    assert (w0["title"], w0["source"]) == ("Ginger Tea", "Cooking")
+    assert mean_color(tmp_path / "out" / w0["candidates"][w0["gold"][0]]) == GREEN
 
 
 def test_coherence_export_bad_gold(tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,10 @@ from PIL import Image
 
 from data_modules.tasks.teo import teo_eval_sets
 from seqaware.procedure import Procedure, Step
-from seqaware.teo.prompts import prompt_images, prompt_text
-from seqaware.teo.runner import OutputCache, evaluate_teo, run_queries, teo_queries, write_result
+from seqaware.teo.prompts import build_coherence_prompt, build_iso_prompt, prompt_images, prompt_text
+from seqaware.teo.runner import (
+    OutputCache, evaluate_coherence, evaluate_iso, evaluate_teo, run_queries, teo_queries, write_result,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["Mix the flour and the water.", "Knead the dough.", "Grate the cheese."]
@@ -166,6 +169,66 @@ def test_image_prompts_use_resolved_paths_and_errors_name_the_pair(tmp_path):
         teo_queries(teo_eval_sets([proc]), "cot", "image", "sig", image_root=tmp_path)
 
 
+# ---------------------------------------------------------------- ISO-Bench / COHERENCE protocols
+class ReplyByImage:
+    """A fake generator answering from the (first) image path in the prompt; records its token limit."""
+
+    def __init__(self, replies: dict[str, str]) -> None:
+        self.replies, self.max_new_tokens, self.limits = replies, 512, []
+
+    def __call__(self, batch):
+        self.limits.append(self.max_new_tokens)
+        return [self.replies[Path(prompt_images(m)[0]).name] for m in batch]
+
+
+def _iso_instance(step: int, task: str, label: str) -> dict:
+    return {"instance_id": f"p:{task}:s{step}", "goal": "Make bread", "task": task, "snippet": ["Mix.", "Bake."],
+            "image": f"images/p_{step}.png", "label": label}
+
+
+def test_evaluate_iso_paper_protocol(tmp_path):
+    """120 new tokens, first YES/NO, unparsable replies left out of every score (ISO-Bench App. H)."""
+    instances = [_iso_instance(0, "before", "DEP"), _iso_instance(1, "before", "NONDEP"), _iso_instance(2, "after", "DEP"),
+                 _iso_instance(3, "after", "NONDEP"), _iso_instance(4, "after", "DEP")]
+    replies = {"p_0.png": "YES, it must.", "p_1.png": "Yes.", "p_2.png": "I am not sure.", "p_3.png": "NO",
+               "p_4.png": "no, it need not"}
+    model = ReplyByImage(replies)
+    result = evaluate_iso(instances, model, OutputCache(tmp_path / "raw.jsonl"), "answer_only", "fake", image_root=tmp_path)
+    assert model.limits == [120] and model.max_new_tokens == 512       # limit applied for the call only
+    assert result["predictions"] == {"p:before:s0": "DEP", "p:before:s1": "DEP", "p:after:s2": "other",
+                                     "p:after:s3": "NONDEP", "p:after:s4": "NONDEP"}
+    row = result["rows"]["fake"]
+    # scored: (DEP,DEP) (NONDEP,DEP) (NONDEP,NONDEP) (DEP,NONDEP): DEP tp 1/2 predicted, 1/2 gold; same for NONDEP
+    assert row["n"] == 5 and row["n_scored"] == 4 and row["num_unparsable"] == 1 and row["invalid_rate"] == 0.2
+    assert row["accuracy"] == 0.5 and row["f1_DEP"] == row["f1_NONDEP"] == row["macro_f1"] == 0.5
+    # before: s0 right, s1 wrong -> DEP P 1/2 R 1; after: s2 dropped, s3 right, s4 wrong
+    assert result["by_task"]["before"]["precision_DEP"] == 0.5 and result["by_task"]["before"]["recall_DEP"] == 1.0
+    assert result["by_task"]["after"]["n_scored"] == 2 and result["by_task"]["after"]["recall_DEP"] == 0.0
+    strict = evaluate_iso(instances, model, OutputCache(tmp_path / "raw.jsonl"), "answer_only", "fake",
+                          image_root=tmp_path, unparsable="wrong")
+    assert model.limits == [120] and strict["rows"]["fake"]["accuracy"] == pytest.approx(2 / 5)   # all cached
+    other_limit = ReplyByImage(replies)
+    evaluate_iso(instances, other_limit, OutputCache(tmp_path / "raw.jsonl"), "answer_only", "fake",
+                 image_root=tmp_path, max_new_tokens=64)
+    assert other_limit.limits == [64]                                 # another limit, another prompt hash
+
+
+def test_evaluate_coherence_table1_layout(tmp_path):
+    inst = [{"instance_id": f"d{k}", "title": "Tea", "text": "A <image_1> B <image_2>", "num_images": 2,
+             "candidates": [f"images/d{k}_a.png", f"images/d{k}_b.png", f"images/d{k}_c.png"], "gold": [1, 0],
+             "distractors": [2], "source": src} for k, src in enumerate(["WikiHow", "WikiHow", "Science"])]
+    replies = {"d0_a.png": "...\nFinal Answer: [1, 0]", "d1_a.png": "[0, 2]", "d2_a.png": "[1, 0]\nDone."}
+    result = evaluate_coherence(inst, ReplyByImage(replies), OutputCache(tmp_path / "raw.jsonl"), "fake")
+    assert result["predictions"] == {"d0": [1, 0], "d1": [0, 2], "d2": None}
+    row = result["rows"]["fake"]
+    # d0 exact; d1 [0, 2] vs [1, 0]: discordant -> PM 0, distractor used; d2 unparsable
+    assert row["exact_match"] == pytest.approx(1 / 3) and row["partial_score"] == pytest.approx(1 / 3)
+    assert row["reject_accuracy"] == pytest.approx(1 / 3) and row["unparsable_rate"] == pytest.approx(1 / 3)
+    assert row["invalid_rate"] == pytest.approx(1 / 3)
+    assert row["by_source"]["WikiHow"]["exact_match"] == 0.5 and row["by_source"]["Science"]["exact_match"] == 0.0
+    assert "| fake | 50.0 | 50.0 | 0.0 | 0.0 | 33.3 | 33.3 |" in result["table"]
+
+
 def _load_script():
     spec = importlib.util.spec_from_file_location("eval_teo_script", ROOT / "scripts" / "eval_teo.py")
     module = importlib.util.module_from_spec(spec)
@@ -184,13 +247,15 @@ class AnyAnswer:
         out = []
         for messages in batch:
             text = prompt_text(messages)
-            if "<image_1>" in text:
-                n = text.count(": Image k")        # one answer-format line per placeholder
-                out.append("\n".join(f"<image_{i}>: Image {i}" for i in range(1, n + 1)))
+            if "## Task: Interleaved-Image-Text Matching" in text:         # COHERENCE App. D.1
+                n = int(re.search(r"with (\d+) image placeholders", text).group(1))
+                out.append("Step by step...\n" + str(list(range(n))))      # placeholder i -> Image i
             elif "The final answer: Parallel" in text:
                 out.append("The answer is: Before\nThe final answer: Parallel")
-            elif "Answer: Yes" in text or "Yes or No only" in text:
-                out.append("Answer: Yes")
+            elif "Answer only with YES or NO." in text:                      # ISO-Bench App. H
+                out.append("YES")
+            elif "<answer>YES</answer>" in text:
+                out.append("<think>It must.</think><answer>YES</answer>")
             else:
                 out.append(YES["independent"])
         return out
@@ -200,7 +265,7 @@ def test_script_end_to_end_with_fake_model(tmp_path, tiny_synthetic_dir):
     script = _load_script()
     argv = ["--model", "fake/model", "--procedures", str(tiny_synthetic_dir / "test.jsonl"), "--tasks", "teo,iso,coherence",
             "--strategies", "baseline,self_reflection", "--modalities", "image,text", "--out-dir", str(tmp_path / "out"),
-            "--batch-size", "4", "--set", "iso.ks=[2]"]
+            "--batch-size", "4", "--set", "iso.ks=[2]", "--set", "iso.min_steps=3"]
     cfg = script.parse_config(argv)
     model = AnyAnswer()
     results = script.run(cfg, generate=model, signature="fake")
@@ -215,7 +280,9 @@ def test_script_end_to_end_with_fake_model(tmp_path, tiny_synthetic_dir):
     teo = results[0]["rows"]["fake/model"]
     always_indep = results[0]["rows"]["always independent"]
     assert teo == always_indep                             # the fake always answers independent
-    assert results[4]["rows"]["fake/model"]["recall_DEP"] == 1.0 and results[4]["rows"]["fake/model"]["invalid_rate"] == 0
+    for r in results[4:6]:
+        assert r["rows"]["fake/model"]["recall_DEP"] == 1.0 and r["rows"]["fake/model"]["invalid_rate"] == 0
+        assert r["rows"]["fake/model"]["n_scored"] == r["num_instances"] > 0 and r["max_new_tokens"] == 120
     assert results[2]["reflection"]["kept_correct"] == 0
     coherence = results[6]["rows"]
     assert coherence["fake/model"] == coherence["identity"]   # it answers placeholder i -> candidate i
@@ -300,3 +367,39 @@ def test_script_synthetic_source(tmp_path):
     (result,) = script.run(script.parse_config(argv), generate=model, signature="fake")
     assert result["num_pairs"] > 0 and model.prompts == 2 * result["num_pairs"]
     assert result["rows"]["fake"]["other_rate"] == 1.0     # "Q1: No ..." is not a CoT answer
+
+
+def test_iso_and_coherence_prompts_through_tiny_internvl(tmp_path):
+    """The paper prompts go through a real chat template: image first (ISO), 3 labelled candidates (COHERENCE),
+    and the ISO call generates with the 120-token limit of App. H while the generator keeps its own."""
+    from seqaware.teo import vlm
+    from seqaware.teo.runner import HFGenerator
+
+    proc = _procedure(tmp_path)
+    model, processor = vlm.build_tiny_internvl()
+
+    class Recording(HFGenerator):
+        def __call__(self, batch):
+            self.seen = getattr(self, "seen", []) + [self.max_new_tokens]
+            return super().__call__(batch)
+
+    generator = Recording(model, processor, max_new_tokens=2)
+    isos = [_iso_instance(0, "before", "DEP")]
+    result = evaluate_iso(isos, generator, OutputCache(tmp_path / "raw.jsonl"), "answer_only", "tiny",
+                          signature=generator.signature, image_root=tmp_path, max_new_tokens=4)
+    assert generator.seen == [4] and generator.max_new_tokens == 2 and result["rows"]["tiny"]["n"] == 1
+    inputs = processor.apply_chat_template(build_iso_prompt("explain", isos[0], image=Image.new("RGB", (16, 16))),
+                                           add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert len(inputs["pixel_values"]) == 1
+    iso_text = processor.apply_chat_template(build_iso_prompt("explain", isos[0], image=Image.new("RGB", (16, 16))),
+                                             add_generation_prompt=True, tokenize=False)
+    assert re.search(r"user\n<[A-Z_]+>\nGOAL: Make bread\nPlan:\nMix\.\nBake\.\nQUESTION: ", iso_text)   # image first
+    coh = {"instance_id": "c", "title": "Bread", "text": "Mix. <image_1>\nKnead. <image_2>", "num_images": 2,
+           "candidates": [f"images/p_{i}.png" for i in range(3)], "gold": [1, 0], "distractors": [2]}
+    result = evaluate_coherence([coh], generator, OutputCache(tmp_path / "raw.jsonl"), "tiny",
+                                signature=generator.signature, image_root=tmp_path)
+    assert generator.seen == [4, 2] and result["rows"]["tiny"]["n"] == 1
+    text = processor.apply_chat_template(build_coherence_prompt(coh, images=[Image.new("RGB", (16, 16))] * 3),
+                                         add_generation_prompt=True, tokenize=False)
+    # each label directly followed by its image (App. F: "Image 0[image] Image 1[image] ..."), then the instructions
+    assert re.search(r"\):\nImage 0(<[A-Z_]+>)\nImage 1\1\nImage 2\1\n## Instructions:", text)

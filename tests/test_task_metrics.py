@@ -8,7 +8,8 @@ from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_su
 
 from data_modules.tasks import coherence_instances, teo_eval_sets
 from seqaware.metrics.coherence import (
-    coherence_baselines, coherence_report, coherence_rows, coherence_scores, coherence_table, kendall_tau,
+    coherence_baselines, coherence_report, coherence_rows, coherence_scores, coherence_source_table, coherence_table,
+    kendall_tau,
 )
 from seqaware.metrics.iso import (
     binary_baselines, binary_report, binary_table, iso_baselines, iso_report, iso_rows, iso_table,
@@ -49,23 +50,62 @@ def test_seqaware_metrics_do_not_import_sklearn():
 
 
 # ---------------------------------------------------------------- ISO and yes/no
+LABELS = ["DEP", "NONDEP"]
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_iso_report_matches_sklearn(seed):
+    """Default (ISO-Bench App. H): sklearn on the parsed subset; ``wrong``: sklearn on everything."""
     rng = np.random.default_rng(seed)
-    gold = list(rng.choice(["DEP", "NONDEP"], size=60))
+    gold = list(rng.choice(LABELS, size=60))
     pred = list(rng.choice(["DEP", "NONDEP", "other"], size=60, p=[0.45, 0.45, 0.1]))
-    report = iso_report(gold, pred)
-    p, r, f, s = precision_recall_fscore_support(gold, pred, labels=["DEP", "NONDEP"], zero_division=0)
-    for k, label in enumerate(["DEP", "NONDEP"]):
-        assert report[f"precision_{label}"] == pytest.approx(p[k])
-        assert report[f"recall_{label}"] == pytest.approx(r[k])
-        assert report[f"f1_{label}"] == pytest.approx(f[k])
-        assert report[f"support_{label}"] == s[k]
-    assert report["macro_f1"] == pytest.approx(f1_score(gold, pred, labels=["DEP", "NONDEP"], average="macro", zero_division=0))
-    assert report["accuracy"] == pytest.approx(accuracy_score(gold, pred))
-    assert report["invalid_rate"] == pytest.approx(pred.count("other") / 60)
+    keep = [k for k in range(60) if pred[k] != "other"]
+    for mode, g, q in (("exclude", [gold[k] for k in keep], [pred[k] for k in keep]), ("wrong", gold, pred)):
+        report = iso_report(gold, pred, unparsable=mode)
+        p, r, f, s = precision_recall_fscore_support(g, q, labels=LABELS, zero_division=0)
+        for k, label in enumerate(LABELS):
+            assert report[f"precision_{label}"] == pytest.approx(p[k])
+            assert report[f"recall_{label}"] == pytest.approx(r[k])
+            assert report[f"f1_{label}"] == pytest.approx(f[k])
+            assert report[f"support_{label}"] == s[k]
+        for avg in ("macro", "weighted"):
+            ps, rs, fs, _ = precision_recall_fscore_support(g, q, labels=LABELS, average=avg, zero_division=0)
+            assert (report[f"{avg}_precision"], report[f"{avg}_recall"], report[f"{avg}_f1"]) == pytest.approx((ps, rs, fs))
+        assert report["accuracy"] == pytest.approx(accuracy_score(g, q))
+        assert report["n"] == 60 and report["n_scored"] == len(g)
+        assert report["num_unparsable"] == pred.count("other") == 60 - len(keep)
+        assert report["invalid_rate"] == pytest.approx(pred.count("other") / 60)
     ids = [f"i{k}" for k in range(60)]
-    assert iso_report(dict(zip(ids, gold)), dict(zip(ids, pred))) == report
+    assert iso_report(dict(zip(ids, gold)), dict(zip(ids, pred))) == iso_report(gold, pred)
+
+
+def test_iso_report_hand_values_unparsable_and_bad_input():
+    gold = ["DEP", "DEP", "DEP", "NONDEP", "NONDEP", "NONDEP"]
+    pred = ["DEP", "other", "NONDEP", "NONDEP", None, "DEP"]
+    paper = iso_report(gold, pred)
+    # scored: (DEP,DEP) (DEP,NONDEP) (NONDEP,NONDEP) (NONDEP,DEP): each class tp 1, predicted 2, support 2
+    assert paper["accuracy"] == 0.5 and paper["n_scored"] == 4 and paper["num_unparsable"] == 2
+    assert paper["invalid_rate"] == pytest.approx(1 / 3) and paper["n"] == 6
+    assert paper["precision_DEP"] == paper["recall_DEP"] == paper["f1_NONDEP"] == paper["macro_f1"] == 0.5
+    strict = iso_report(gold, pred, unparsable="wrong")
+    # all 6: each class tp 1, predicted 2, support 3 -> P 1/2, R 1/3, F1 2*1/(2+3) = 0.4
+    assert strict["accuracy"] == pytest.approx(2 / 6) and strict["n_scored"] == 6
+    assert strict["precision_DEP"] == 0.5 and strict["recall_NONDEP"] == pytest.approx(1 / 3)
+    assert strict["f1_DEP"] == strict["macro_f1"] == pytest.approx(0.4)
+    # unequal supports: DEP P 1 R 2/3 F 0.8 (support 3); NONDEP P 1/2 R 1 F 2/3 (support 1)
+    uneven = iso_report(["DEP", "DEP", "DEP", "NONDEP"], ["DEP", "DEP", "NONDEP", "NONDEP"])
+    assert uneven["macro_f1"] == pytest.approx((0.8 + 2 / 3) / 2)
+    assert uneven["weighted_f1"] == pytest.approx((3 * 0.8 + 1 * 2 / 3) / 4)
+    assert uneven["weighted_recall"] == pytest.approx(uneven["accuracy"]) == 0.75
+    # boundary: nothing parsable -> nothing scored, every score 0
+    none = iso_report(["DEP", "NONDEP"], ["other", "other"])
+    assert none["n_scored"] == 0 and none["accuracy"] == 0.0 and none["macro_f1"] == 0.0 and none["invalid_rate"] == 1.0
+    with pytest.raises(ValueError, match="exclude, wrong"):
+        iso_report(gold, pred, unparsable="drop")
+    with pytest.raises(ValueError, match="DEP or NONDEP"):
+        iso_report(["yes", "DEP"], ["DEP", "DEP"])
+    with pytest.raises(ValueError, match="differ in length"):
+        iso_report(gold, pred[:-1])
 
 
 def test_iso_baselines_and_table():
@@ -75,9 +115,16 @@ def test_iso_baselines_and_table():
     assert rows["always NONDEP"]["accuracy"] == pytest.approx(5 / 8)
     assert rows["always DEP"]["recall_DEP"] == 1.0 and rows["always DEP"]["f1_NONDEP"] == 0.0
     assert rows["model"] == rows["always DEP"]
-    assert iso_baselines(gold, seed=1)["random"] == iso_baselines(gold, seed=1)["random"]
+    # seed 1 draws (numpy PCG64) DEP NONDEP NONDEP NONDEP DEP DEP NONDEP NONDEP against DEP x3, NONDEP x5:
+    # right at 0, 3, 6, 7 -> accuracy 1/2; DEP tp 1 of 3 predicted, 3 gold -> 1/3; NONDEP tp 3 of 5, 5 -> 3/5
+    random = iso_baselines(gold, seed=1)["random"]
+    assert random["accuracy"] == 0.5
+    assert (random["precision_DEP"], random["recall_DEP"], random["f1_DEP"]) == pytest.approx((1 / 3, 1 / 3, 1 / 3))
+    assert (random["precision_NONDEP"], random["recall_NONDEP"], random["f1_NONDEP"]) == pytest.approx((0.6, 0.6, 0.6))
+    assert random["macro_f1"] == pytest.approx((1 / 3 + 0.6) / 2) and random["num_unparsable"] == 0
     table = iso_table(rows)
     assert "| always DEP |" in table and "| model |" in table and "62.5" in table
+    assert table.splitlines()[0].endswith("| macro P | macro R | macro F1 | unparsable |")
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -250,37 +297,87 @@ def test_kendall_tau_matches_scipy(seed):
         assert kendall_tau(x, y) == pytest.approx(kendalltau(x, y).statistic)
 
 
-def test_coherence_partial_score_matches_scipy_rankings():
+def test_coherence_partial_score_matches_scipy():
+    """§4.1: PM = (tau(pred, gold) + 1) / 2 over the placeholder lists = scipy's kendalltau of the two lists."""
     rng = np.random.default_rng(0)
-    for _ in range(20):
-        n, m = int(rng.integers(2, 7)), int(rng.integers(0, 3))
+    for _ in range(40):
+        n, m = int(rng.integers(2, 8)), int(rng.integers(0, 4))
         perm = [int(c) for c in rng.permutation(n + m)]
         inst = {"instance_id": "x", "candidates": [f"c{i}" for i in range(n + m)], "gold": perm[:n], "distractors": sorted(perm[n:])}
         pred = [int(c) for c in rng.choice(n + m, size=n, replace=False)]
         score = coherence_scores(inst, pred)
-        # rankings of the gold images that the prediction placed
+        assert score["partial"] == pytest.approx((kendalltau(pred, inst["gold"]).statistic + 1) / 2)
+        # the placement variant: the order in which the gold images are placed
         common = [c for c in inst["gold"] if c in pred]
         if len(common) >= 2:
             tau = kendalltau([inst["gold"].index(c) for c in common], [pred.index(c) for c in common]).statistic
-            assert score["partial"] == pytest.approx((tau + 1) / 2)
-        else:
-            assert score["partial"] == 0.0
+            assert score["partial_placement"] == pytest.approx((tau + 1) / 2)
         assert score["exact"] == float(pred == inst["gold"])
+        if m:
+            assert score["reject"] == float(not set(pred) & set(inst["distractors"]))
 
 
 def test_coherence_hand_values_and_invalid():
+    # App. F error case 4: ground truth [1, 0, 4, 3, 5, 2], model [1, 0, 4, 3, 2, 5] (last two swapped).
+    # Discordant placeholder pairs: (4, 5); (2, 4) and (2, 5) (value 4 vs 5 / 2); (3, 4) and (3, 5) (value 3):
+    # 5 of 15 -> tau = (10 - 5) / 15 = 1/3 -> PM 2/3. Placement order: one swap of 15 -> tau 13/15 -> 14/15.
+    case = {"instance_id": "f", "candidates": list("abcdef"), "gold": [1, 0, 4, 3, 5, 2], "distractors": []}
+    score = coherence_scores(case, [1, 0, 4, 3, 2, 5])
+    assert score["partial"] == pytest.approx(2 / 3) and score["partial_placement"] == pytest.approx(14 / 15)
+    assert score["exact"] == 0.0 and score["reject"] is None
+
     inst = {"instance_id": "x", "candidates": ["a", "b", "c", "d", "e"], "gold": [2, 0, 4], "distractors": [1, 3]}
-    assert coherence_scores(inst, [2, 0, 4]) == {"valid": True, "exact": 1.0, "partial": 1.0, "reject": 1.0}
-    assert coherence_scores(inst, [4, 0, 2])["partial"] == 0.0            # reversed
-    swapped_first = coherence_scores(inst, [0, 2, 4])                      # tau = 1/3
-    assert swapped_first["partial"] == pytest.approx(2 / 3)
+    assert coherence_scores(inst, [2, 0, 4]) == {"valid": True, "parsed": True, "exact": 1.0, "partial": 1.0,
+                                                 "partial_placement": 1.0, "reject": 1.0, "reject_fraction": 1.0}
+    # [4, 0, 2] vs [2, 0, 4]: pairs (0,1) concordant, (0,2) discordant, (1,2) concordant -> tau 1/3;
+    # placement: images placed in gold order 2, 1, 0 -> reversed -> 0
+    reversed_ = coherence_scores(inst, [4, 0, 2])
+    assert reversed_["partial"] == pytest.approx(2 / 3) and reversed_["partial_placement"] == 0.0
+    swapped_first = coherence_scores(inst, [0, 2, 4])                      # tau 1/3 both ways
+    assert swapped_first["partial"] == pytest.approx(2 / 3) and swapped_first["partial_placement"] == pytest.approx(2 / 3)
+    # distractor 1 at placeholder 2: the lists [2, 1, 4] and [2, 0, 4] are fully concordant -> PM 1,
+    # not an exact match, and not every distractor is rejected (App. E Reject is all-or-nothing)
     with_distractor = coherence_scores(inst, [2, 1, 4])
-    assert with_distractor["reject"] == 0.5 and with_distractor["partial"] == 1.0
-    for bad in (None, [2, 0], [2, 2, 4], [2, 0, 5], [2, 0, "4"], "204"):
-        assert coherence_scores(inst, bad) == {"valid": False, "exact": 0.0, "partial": 0.0, "reject": 0.0}
+    assert with_distractor["partial"] == 1.0 and with_distractor["exact"] == 0.0
+    assert with_distractor["reject"] == 0.0 and with_distractor["reject_fraction"] == 0.5
+    # one placeholder: C(1, 2) = 0 pairs -> PM = exact match
+    single = {"instance_id": "s", "candidates": ["a", "b"], "gold": [1], "distractors": [0]}
+    assert coherence_scores(single, [1])["partial"] == 1.0 and coherence_scores(single, [0])["partial"] == 0.0
+    for bad in (None, [2, 0], [2, 2, 4], [2, 0, 5], [-1, 0, 4], [2, 0, "4"], [True, 0, 4], "204"):
+        assert coherence_scores(inst, bad) == {"valid": False, "parsed": bad is not None, "exact": 0.0, "partial": 0.0,
+                                               "partial_placement": 0.0, "reject": 0.0, "reject_fraction": 0.0}
     report = coherence_report([inst], {"x": [2, 0, 4]})
     assert report["exact_match"] == 1.0 and report["invalid_rate"] == 0.0 and report["reject_accuracy"] == 1.0
-    assert coherence_report([inst], {})["invalid_rate"] == 1.0
+    missing = coherence_report([inst], {})
+    assert missing["invalid_rate"] == missing["unparsable_rate"] == 1.0
+    with pytest.raises(ValueError, match="2 predictions for 1 instances"):
+        coherence_report([inst], [[2, 0, 4], None])
+
+
+def test_coherence_report_by_source_is_table1_layout():
+    """Overall = mean over instances (as in Table 1), by_source in Table 1's domain order."""
+    def inst(iid, source):
+        out = {"instance_id": iid, "candidates": ["a", "b"], "gold": [0, 1], "distractors": [], "difficulty": "easy"}
+        if source:
+            out["source"] = source
+        return out
+
+    instances = [inst("w1", "WikiHow"), inst("w2", "WikiHow"), inst("w3", "WikiHow"), inst("s1", "Science"),
+                 inst("x1", "Custom"), inst("n1", None)]
+    preds = {"w1": [0, 1], "w2": [0, 1], "w3": [1, 0], "s1": [1, 0], "x1": [0, 1], "n1": [0, 1]}
+    report = coherence_report(instances, preds)
+    assert list(report["by_source"]) == ["WikiHow", "Science", "Custom"]        # Table 1 order, then others
+    assert report["by_source"]["WikiHow"]["exact_match"] == pytest.approx(2 / 3)
+    assert report["by_source"]["WikiHow"]["partial_score"] == pytest.approx(2 / 3)   # 1, 1, 0
+    assert report["by_source"]["Science"]["exact_match"] == 0.0 and report["by_source"]["Custom"]["n"] == 1
+    assert report["exact_match"] == pytest.approx(4 / 6) and report["n"] == 6     # over instances, not domains
+    table = coherence_source_table({"model": report, "baseline": {"exact_match": 0.0, "partial_score": 0.5}})
+    lines = table.splitlines()
+    assert lines[0] == ("| system | WikiHow Exact | WikiHow Partial | Science Exact | Science Partial | Custom Exact | "
+                        "Custom Partial | Overall Exact | Overall Partial |")
+    assert lines[2] == "| model | 66.7 | 66.7 | 0.0 | 0.0 | 100.0 | 100.0 | 66.7 | 66.7 |"
+    assert lines[3] == "| baseline | - | - | - | - | - | - | 0.0 | 50.0 |"
+    assert coherence_source_table({"baseline": {"exact_match": 0.0}}) == ""
 
 
 def test_coherence_report_and_baselines():
@@ -293,8 +390,24 @@ def test_coherence_report_and_baselines():
     assert oracle["exact_match"] == oracle["partial_score"] == oracle["reject_accuracy"] == 1.0
     assert set(oracle["by_difficulty"]) == {"easy", "medium", "hard"}
     assert oracle["by_difficulty"]["easy"]["n"] == 2
-    assert coherence_baselines(instances, seed=3) == coherence_baselines(instances, seed=3)
     assert rows["random"]["invalid_rate"] == 0.0
     assert "| identity |" in coherence_table(rows)
     no_distractors = coherence_report(coherence_instances(procs), [None] * len(procs))
     assert no_distractors["reject_accuracy"] is None and no_distractors["invalid_rate"] == 1.0
+
+
+def test_coherence_baselines_hand_values():
+    a = {"instance_id": "a", "candidates": ["c0", "c1", "c2", "c3"], "gold": [3, 1], "distractors": [0, 2]}
+    b = {"instance_id": "b", "candidates": ["d0", "d1", "d2"], "gold": [2, 0, 1], "distractors": []}
+    base = coherence_baselines([a, b], seed=3)
+    # seed 3 (numpy PCG64) draws a -> [0, 2], b -> [0, 1, 2].
+    # a: [0, 2] vs [3, 1] -> the one pair is discordant -> PM 0; both distractors used -> Reject 0.
+    # b: [0, 1, 2] vs [2, 0, 1] -> pairs (0,1) disc, (0,2) disc, (1,2) conc -> tau -1/3 -> PM 1/3.
+    random = base["random"]
+    assert random["exact_match"] == 0.0 and random["partial_score"] == pytest.approx((0 + 1 / 3) / 2)
+    assert random["reject_accuracy"] == 0.0 and random["reject_fraction"] == 0.0 and random["num_with_distractors"] == 1
+    # identity: a -> [0, 1]: PM 0, distractor 0 used (Reject 0), distractor 2 unused (fraction 1/2); b as above
+    identity = base["identity"]
+    assert identity["exact_match"] == 0.0 and identity["partial_score"] == pytest.approx(1 / 6)
+    assert identity["reject_accuracy"] == 0.0 and identity["reject_fraction"] == 0.5
+    assert identity["invalid_rate"] == random["invalid_rate"] == 0.0

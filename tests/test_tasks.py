@@ -125,8 +125,13 @@ def _summary(instances):
     return {(i["task"], i["k"], i["candidate_step"], i["label"]) for i in instances}
 
 
+BEFORE_Q = "Does this image show a step that must come before the first step in the plan?"   # ISO-Bench App. H
+AFTER_Q = "Does this image show a step that must come after the last step in the plan?"
+
+
 def test_iso_position_k2():
     proc = make_procedure("p", 6)
+    proc.title = "Make bread"
     inst = iso_instances(proc, ks=(2,))
     assert _summary(inst) == {
         ("before", 2, 3, "DEP"), ("before", 2, 2, "DEP"), ("before", 2, 4, "NONDEP"), ("before", 2, 5, "NONDEP"),
@@ -134,15 +139,48 @@ def test_iso_position_k2():
     }
     before = next(i for i in inst if i["task"] == "before")
     assert before["snippet_steps"] == [4, 5] and before["snippet"] == ["p step 4", "p step 5"]
-    assert before["question"] == "Must the step shown in the image happen before the steps described?"
+    assert before["question"] == BEFORE_Q
     after = next(i for i in inst if i["task"] == "after")
     assert after["snippet_steps"] == [0, 1]
-    assert after["question"] == "Must the step shown in the image happen after the steps described?"
+    assert after["question"] == AFTER_Q
     for i in inst:
         assert i["image"] == f"images/p_{i['candidate_step']}.jpg"
-        assert i["procedure_id"] == "p" and i["split"] == "test"
+        assert i["procedure_id"] == "p" and i["split"] == "test" and i["goal"] == "Make bread"
     assert len({i["instance_id"] for i in inst}) == len(inst)
     json.dumps(inst)
+
+
+def test_iso_paper_pools_k3():
+    """ISO-Bench App. B with total = 8, k = 3: before -> snippet = last 3 (5, 6, 7), positives at positions
+    total-k-3 ... total-k-1 = 2, 3, 4; after -> snippet = first 3 (0, 1, 2), positives k ... k+2 = 3, 4, 5;
+    negatives = the snippet's own steps. 3 positives and 3 negatives: all are kept."""
+    inst = iso_instances(make_procedure("p", 8), ks=(3,))
+    assert _summary(inst) == {("before", 3, s, "DEP") for s in (2, 3, 4)} | {("before", 3, s, "NONDEP") for s in (5, 6, 7)} \
+        | {("after", 3, s, "DEP") for s in (3, 4, 5)} | {("after", 3, s, "NONDEP") for s in (0, 1, 2)}
+    # 5 steps, k = 4: before has the single positive step 0 (the window is cut at the plan's start)
+    five = iso_instances(make_procedure("f", 5), ks=(4,))
+    assert {(i["task"], i["candidate_step"]) for i in five if i["label"] == "DEP"} == {("before", 0), ("after", 4)}
+    assert Counter(i["label"] for i in five) == {"DEP": 2, "NONDEP": 2}
+
+
+def test_iso_one_k_per_plan_and_min_steps():
+    procs = [make_procedure(f"p{j}", 6 + j % 3) for j in range(60)]
+    drawn = {}
+    for proc in procs:
+        inst = iso_instances(proc, seed=7)
+        ks = {i["k"] for i in inst}
+        assert len(ks) == 1                                   # App. B: one random k in {2, 3, 4} per plan
+        drawn[proc.id] = ks.pop()
+    assert set(drawn.values()) == {2, 3, 4}
+    assert drawn == {p.id: {i["k"] for i in iso_instances(p, seed=7)}.pop() for p in procs}   # seeded
+    assert {i["k"] for i in iso_instances(procs[0], k_per_plan="all")} == {2, 3, 4}
+    # App. B: "We filter for videos with at least 5 steps"
+    assert iso_instances(make_procedure("s", 4), ks=(2,)) == []
+    assert {i["k"] for i in iso_instances(make_procedure("s", 4), ks=(2,), min_steps=4)} == {2}
+    with pytest.raises(ValueError, match="k_per_plan"):
+        iso_instances(procs[0], k_per_plan="some")
+    with pytest.raises(ValueError, match="ks"):
+        iso_instances(procs[0], ks=())
 
 
 def test_iso_balance_images_and_ks():
@@ -158,12 +196,12 @@ def test_iso_balance_images_and_ks():
     neg = {i["candidate_step"] for i in one if i["task"] == "before" and i["label"] == "NONDEP"}
     assert neg <= {4, 5}
     assert one == iso_instances(make_procedure("p", 6), ks=(2,), max_candidates=1, seed=5)
-    many = iso_instances(make_procedure("p", 6), ks=(2, 3, 4))
+    many = iso_instances(make_procedure("p", 6), ks=(2, 3, 4), k_per_plan="all")
     for task, k in {(i["task"], i["k"]) for i in many}:
         labels = Counter(i["label"] for i in many if (i["task"], i["k"]) == (task, k))
         assert labels["DEP"] == labels["NONDEP"]
     assert {i["k"] for i in many} == {2, 3, 4}
-    assert iso_instances(make_procedure("s", 3), ks=(3, 4)) == []  # needs n > k
+    assert iso_instances(make_procedure("s", 3), ks=(3, 4), min_steps=0) == []  # needs n > k
 
 
 def test_iso_dag_labels():
@@ -200,8 +238,19 @@ def test_coherence_gold_recovers_images():
         lines = i["text"].split("\n")
         assert lines == [f"{proc.id} step {k} <image_{k + 1}>" for k in range(proc.num_steps)]
     assert [i["difficulty"] for i in inst] == ["easy", "medium", "hard"]
+    assert all(i["title"] == "" and "source" not in i for i in inst)
     assert inst == coherence_instances(procs, seed=0)
     json.dumps(inst)
+
+
+def test_coherence_title_and_source():
+    procs = _coherence_procs()[:2]
+    procs[0].title, procs[1].title = "Ginger Tea", "Fold a crane"
+    procs[1].meta = {"source": "WikiHow"}
+    inst = coherence_instances(procs)
+    assert [i["title"] for i in inst] == ["Ginger Tea", "Fold a crane"]
+    assert "source" not in inst[0] and inst[1]["source"] == "WikiHow"           # from meta["source"]
+    assert [i["source"] for i in coherence_instances(procs, source="Cooking")] == ["Cooking", "Cooking"]
 
 
 def test_coherence_distractors_and_bins():

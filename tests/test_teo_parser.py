@@ -230,14 +230,22 @@ def test_reflection_outcome(first, final, gold, outcome):
     assert reflection_outcome(first, final, gold) == outcome
 
 
+# ISO-Bench App. H: answer-only -> "use the first "YES" or "NO" as the prediction";
+# explain-then-answer -> "We evaluate only the final tag" (<answer>YES</answer> / <answer>NO</answer>).
 @pytest.mark.parametrize("text,strategy,expected", [
-    ("Yes", "answer_only", "DEP"), ("no.", "answer_only", "NONDEP"), ("**Yes**, it must.", "answer_only", "DEP"),
-    ("The answer is no", "answer_only", "NONDEP"), ("Yes or no, hard to say", "answer_only", "other"),
-    ("I cannot tell", "answer_only", "other"), ("", "answer_only", "other"),
-    ("The pictured step makes the batter.\nAnswer: Yes", "explain", "DEP"),
-    ("Yes at first glance, but no.\n**Answer:** No", "explain", "NONDEP"),
-    ("It needs the dough.\nYes.", "explain", "DEP"),
-    ("It is unclear.", "explain", "other"),
+    ("YES", "answer_only", "DEP"), ("NO", "answer_only", "NONDEP"), ("no.", "answer_only", "NONDEP"),
+    ("**Yes**, it must.", "answer_only", "DEP"), ("The answer is no", "answer_only", "NONDEP"),
+    ("Yes or no, hard to say", "answer_only", "DEP"),          # the first of the two words counts
+    ("No. Well, yes.", "answer_only", "NONDEP"),
+    ("Nope, not known", "answer_only", "other"),                # whole words only: no YES/NO token
+    ("I cannot tell", "answer_only", "other"), ("", "answer_only", "other"), (None, "answer_only", "other"),
+    ("<think>The batter is mixed first.</think><answer>YES</answer>", "explain", "DEP"),
+    ("<think>yes at first glance</think>\n<answer> no </answer>", "explain", "NONDEP"),
+    ("<answer>NO</answer> wait <answer>YES</answer>", "explain", "DEP"),   # the final tag
+    ("<think>It needs the dough. Yes.</think>", "explain", "other"),      # no tag: cut off at 120 tokens
+    ("<think>...</think><answer>YES", "explain", "other"),                # tag not closed
+    ("Answer: Yes", "explain", "other"),
+    ("<answer>maybe</answer>", "explain", "other"),
 ])
 def test_iso(text, strategy, expected):
     assert parse_iso_answer(text, strategy) == expected
@@ -248,29 +256,30 @@ def test_iso_unknown_strategy():
         parse_iso_answer("Yes", "cot")
 
 
+# COHERENCE App. D.1: "output your final answer on the LAST line as a Python list"; App. F shows
+# replies ending "Final Answer: [1, 3, 0, 2, 4]" and "The final answer is [3, 3, 0, 3]."
 @pytest.mark.parametrize("text,expected", [
-    ("<image_1>: Image 3\n<image_2>: Image 1", [2, 0]),
-    ("<image_2>: Image 1\n<image_1>: Image 2", [1, 0]),
-    ("<image_1>: 2\n<image_2>: 3", [1, 2]),
-    ("- <image_1> = image 2\n- <image_2> = image 1\n", [1, 0]),
-    ("**<image_1>: Image 3**\n**<image_2>: Image 2**", [2, 1]),
-    ("<image_1>: Image 3", None),                         # missing placeholder
-    ("<image_1>: Image 3\n<image_2>: Image 3", None),     # candidate used twice
-    ("<image_1>: Image 4\n<image_2>: Image 1", None),     # out of range
-    ("<image_1>: Image 1\n<image_1>: Image 2", None),     # placeholder twice
-    ("<image_1>: Image 1\n<image_2>: Image 2\n<image_3>: Image 3", None),
-    ("Image 1 goes first, then image 2", None),
-    ("Here you go:\n<image_1>: Image 1\n<image_2>: Image 2", None),
-    ("", None),
+    ("### Step-by-Step Reasoning\n1. Image 1 fits.\n[1, 0, 4, 3, 2, 5]", [1, 0, 4, 3, 2, 5]),
+    ("Placeholder 1 -> Image 1 ...\nFinal Answer: [1, 3, 0, 2, 4]", [1, 3, 0, 2, 4]),
+    ("The final answer is [3, 3, 0, 3].", [3, 3, 0, 3]),          # returned as written: invalid later
+    ("reasoning\n**[2,0,1]**\n", [2, 0, 1]),
+    ("```python\n[2, 0]\n```", [2, 0]),                          # a closing fence is not a line
+    ("Image 2 then Image 0: [9, 9]\nso [2, 0]", [2, 0]),          # the last list of the last line
+    ("[-1, 0]", [-1, 0]),
+    ("[2, 0, 1]\nThat is my answer.", None),                      # the list is not on the last line
+    ("The answer is 2, 0, 1", None),
+    ("[a, b]", None), ("[]", None), ("", None), (None, None),
 ])
 def test_coherence(text, expected):
-    assert parse_coherence_answer(text, num_placeholders=2, num_candidates=3) == expected
+    assert parse_coherence_answer(text) == expected
 
 
 def test_coherence_invalid_counts_in_report():
     instances = [{"instance_id": f"i{k}", "candidates": ["a", "b", "c"], "gold": [2, 0], "distractors": [1],
-                  "difficulty": "easy"} for k in range(2)]
-    preds = {"i0": parse_coherence_answer("<image_1>: Image 3\n<image_2>: Image 1", 2, 3),
-             "i1": parse_coherence_answer("no idea", 2, 3)}
+                  "difficulty": "easy"} for k in range(3)]
+    preds = {"i0": parse_coherence_answer("...\n[2, 0]"),
+             "i1": parse_coherence_answer("no idea"),          # unparsable
+             "i2": parse_coherence_answer("[2, 2]")}           # parsed, but Image 2 used twice: invalid
     report = coherence_report(instances, preds)
-    assert report["invalid_rate"] == 0.5 and report["exact_match"] == 0.5 and report["reject_accuracy"] == 0.5
+    assert report["exact_match"] == pytest.approx(1 / 3) and report["reject_accuracy"] == pytest.approx(1 / 3)
+    assert report["invalid_rate"] == pytest.approx(2 / 3) and report["unparsable_rate"] == pytest.approx(1 / 3)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -206,29 +207,147 @@ def test_prompt_hash_is_stable_and_sensitive():
     assert h != prompt_hash(build_teo_prompt("instructions", "image", STEP_A, STEP_B))
 
 
-def test_iso_prompt():
-    inst = {"instance_id": "p:before-k2:s0", "task": "before", "snippet": ["Mix.", "Knead."], "image": "img/p_0.png"}
-    for strategy in ("answer_only", "explain"):
-        messages = build_iso_prompt(strategy, inst)
-        assert prompt_images(messages) == ["img/p_0.png"]
-        text = prompt_text(messages)
-        assert "1. Mix.\n2. Knead." in text and "happen before the steps described?" in text
-    assert "Answer: Yes" in prompt_text(build_iso_prompt("explain", inst))
-    assert "Yes or No only" in prompt_text(build_iso_prompt("answer_only", inst))
+# ---------------------------------------------------------------- ISO-Bench (App. H)
+ISO_INST = {"instance_id": "p:before-k2:s0", "goal": "Make chicken parmesan", "task": "before",
+            "snippet": ["Fry the cutlets.", "Bake with cheese."], "image": "img/p_0.png"}
+
+
+@pytest.mark.parametrize("task,strategy", itertools.product(("before", "after"), ("answer_only", "explain")))
+def test_iso_prompt_is_the_paper_text(task, strategy):
+    """Every ISO variant equals ISO-Bench App. H's template filled in, image first, no system message."""
+    inst = dict(ISO_INST, task=task)
+    messages = build_iso_prompt(strategy, inst)
+    assert [m["role"] for m in messages] == ["user"]                       # App. H: no system prompt
+    content = messages[0]["content"]
+    assert [item["type"] for item in content] == ["image", "text"]         # the image, then the prompt
+    assert content[0]["image"] == "img/p_0.png"
+    # App. H: "GOAL: {Goal Name}" / "Plan:" / "{step_1}" "{step_2}" ... / "QUESTION: {Does this image show a
+    # step that must come <before|after> the <first|last> step in the plan?}"
+    anchor = {"before": "first", "after": "last"}[task]
+    question = f"QUESTION: Does this image show a step that must come {task} the {anchor} step in the plan?"
+    # App. H mode 1: 'We append "Answer only with YES or NO."'; mode 2: "a short chain-of-thought enclosed by
+    # <think>...</think>, then a final answer enclosed by <answer>YES</answer> or <answer>NO</answer>"
+    instruction = {"answer_only": "Answer only with YES or NO.",
+                   "explain": "Give a short chain-of-thought enclosed by <think>...</think>, then a final answer "
+                              "enclosed by <answer>YES</answer> or <answer>NO</answer>."}[strategy]
+    expected = "\n".join(["GOAL: Make chicken parmesan", "Plan:", "Fry the cutlets.", "Bake with cheese.",
+                          question, instruction])
+    assert content[1]["text"] == expected
+    assert prompt_images(messages) == ["img/p_0.png"]
+
+
+def test_iso_prompt_errors_and_overrides():
+    assert prompt_images(build_iso_prompt("answer_only", ISO_INST, image="/abs/x.png")) == ["/abs/x.png"]
     with pytest.raises(ValueError, match="answer_only, explain"):
-        build_iso_prompt("cot", inst)
+        build_iso_prompt("cot", ISO_INST)
+    with pytest.raises(ValueError, match=r"'p:before-k2:s0'.*'goal'"):
+        build_iso_prompt("answer_only", dict(ISO_INST, goal=""))
+    with pytest.raises(ValueError, match=r"'task' is None"):
+        build_iso_prompt("answer_only", dict(ISO_INST, task=None))
+    with pytest.raises(ValueError, match="'snippet'"):
+        build_iso_prompt("answer_only", dict(ISO_INST, snippet=["ok", " "]))
+    with pytest.raises(ValueError, match="'image'"):
+        build_iso_prompt("answer_only", dict(ISO_INST, image=None))
 
 
-def test_coherence_prompt():
-    inst = {"instance_id": "p:coherence", "text": "Mix. <image_1>\nKnead. <image_2>", "num_images": 2,
-            "candidates": ["c0.png", "c1.png", "c2.png"], "gold": [2, 0], "distractors": [1]}
+PAPERS = Path(__file__).resolve().parents[2] / "shared" / "papers"
+
+
+def _paper(name: str) -> str:
+    path = PAPERS / name
+    if not path.is_file():
+        pytest.skip(f"paper text not available: {path}")
+    return " ".join(path.read_text(encoding="utf-8").split())
+
+
+@pytest.mark.shared_data
+def test_iso_pieces_appear_in_the_paper():
+    """The fixed pieces of iso.yaml, whitespace-normalised, are in the stored copy of ISO-Bench App. H."""
+    paper = _paper("iso_bench.txt")
+    t = load_templates("iso")
+    assert f"We append \u201c{t['strategies']['answer_only']}\u201d and use the first \u201cYES\u201d or \u201cNO\u201d" in paper
+    generic = t["question"]["before"].replace("before the first", "<before|after> the <first|last>")
+    assert generic == t["question"]["after"].replace("after the last", "<before|after> the <first|last>")
+    assert t["question_line"].format(question="{" + generic + "}") in paper
+    for piece in ("<think>...</think>", "<answer>YES</answer>", "<answer>NO</answer>"):
+        assert piece in t["strategies"]["explain"] and piece in paper
+    assert "We limit generation to 120 tokens" in paper and t["max_new_tokens"] == 120
+
+
+# ---------------------------------------------------------------- COHERENCE (App. D.1)
+COH_INST = {"instance_id": "p:coherence", "title": "Ginger Tea", "text": "Peel the ginger. <image_1>\nBoil the milk. <image_2>",
+            "num_images": 2, "candidates": ["c0.png", "c1.png", "c2.png"], "gold": [2, 0], "distractors": [1]}
+
+
+def _d1_prompt(title, n, m, content):
+    """COHERENCE App. D.1, word for word, with its slots filled in (line breaks at headings, items, bullets)."""
+    return (
+        "## Task: Interleaved-Image-Text Matching\n\n"
+        f'You are given an article about "{title}" with {n} image placeholders marked as [IMAGE_PLACEHOLDER]. '
+        f"You are also given {m} candidate images (Image 0, Image 1, \u2026, Image {m - 1}) shown below.\n\n"
+        "Your task is to determine which image should be placed at each placeholder position based on the "
+        "surrounding text context.\n\n"
+        f"## Article Text (with placeholders):\n{content}\n\n"
+        f"## Candidate Images (Image 0 to Image {m - 1}):\n"
+        + "".join(f"Image {k}\n<image>\n" for k in range(m))
+        + "## Instructions:\n"
+        "1. **Read the text carefully**: Each [IMAGE_PLACEHOLDER] appears within a specific context. The surrounding "
+        "text describes what should be shown in that image.\n"
+        "2. **Analyze each placeholder**: For each placeholder (in order from first to last), identify what the "
+        "nearby text is describing - this tells you what the image should show.\n"
+        f"3. **Match images to placeholders**: Look at the {m} candidate images provided and determine which image "
+        "best matches the context around each placeholder.\n"
+        "4. **Important**: The same image index can only be used once. Each placeholder needs a different image.\n\n"
+        "## Output Format:\n"
+        "First reason step by step, then output your final answer on the LAST line as a Python list:\n"
+        f"- Format: [{', '.join('index' + str(i) for i in range(n))}]\n"
+        "- The list position corresponds to the placeholder order (first placeholder is index 0).\n"
+        "- Each value is the image index to place at that placeholder.\n"
+        "- Example: [2, 0, 1, 3, 4] means placeholder 1 uses Image 2, placeholder 2 uses Image 0, etc.\n"
+        "- Do NOT output the inverse mapping (i.e., image -> placeholder).\n"
+        f"- The list must have exactly {n} integers, each between 0 and {m - 1}.\n\n"
+        "Now analyze the text and images, then provide your answer."
+    )
+
+
+@pytest.mark.parametrize("candidates", [["c0.png", "c1.png", "c2.png"], ["c0.png", "c1.png"]])
+def test_coherence_prompt_is_the_paper_text(candidates):
+    """With and without a distractor (App. E uses the same prompt): D.1 verbatim, images 0-based after their labels."""
+    inst = dict(COH_INST, candidates=candidates)
     messages = build_coherence_prompt(inst)
-    content = _user(messages)
-    assert prompt_images(messages) == ["c0.png", "c1.png", "c2.png"]
-    for k in (1, 2, 3):
-        i = next(j for j, item in enumerate(content) if item["type"] == "image" and item["image"] == f"c{k - 1}.png")
-        assert content[i - 1]["text"].endswith(f"Image {k}:")
-    text = prompt_text(messages)
-    assert "<image_1>: Image k\n<image_2>: Image k" in text and "belong to no placeholder" in text
-    no_distractor = dict(inst, candidates=["c0.png", "c1.png"], gold=[1, 0], distractors=[])
-    assert "belong to no placeholder" not in prompt_text(build_coherence_prompt(no_distractor))
+    assert [m["role"] for m in messages] == ["user"]
+    content = messages[0]["content"]
+    content_text = "Peel the ginger. [IMAGE_PLACEHOLDER]\nBoil the milk. [IMAGE_PLACEHOLDER]"
+    assert prompt_text(messages) == _d1_prompt("Ginger Tea", 2, len(candidates), content_text)
+    assert prompt_images(messages) == candidates
+    for k, path in enumerate(candidates):       # "Image k" directly precedes candidate k (App. F: "Image 0[image]")
+        i = next(j for j, item in enumerate(content) if item.get("image") == path)
+        assert content[i - 1]["type"] == "text" and content[i - 1]["text"].endswith(f"Image {k}")
+    assert content[0]["text"].endswith(f"## Candidate Images (Image 0 to Image {len(candidates) - 1}):\nImage 0")
+    assert content[-1]["text"].startswith("## Instructions:")
+
+
+def test_coherence_prompt_errors():
+    assert prompt_images(build_coherence_prompt(COH_INST, images=["/a", "/b", "/c"])) == ["/a", "/b", "/c"]
+    with pytest.raises(ValueError, match="2 images for 3 candidates"):
+        build_coherence_prompt(COH_INST, images=["/a", "/b"])
+    with pytest.raises(ValueError, match=r"'p:coherence'.*'title'"):
+        build_coherence_prompt(dict(COH_INST, title=" "))
+    with pytest.raises(ValueError, match=r"placeholders \[2, 1\]"):
+        build_coherence_prompt(dict(COH_INST, text="A <image_2> B <image_1>"))
+    with pytest.raises(ValueError, match="1 candidates for 2 placeholders"):
+        build_coherence_prompt(dict(COH_INST, candidates=["c0.png"]))
+
+
+@pytest.mark.shared_data
+def test_coherence_template_is_verbatim_d1():
+    """coherence.yaml with the paper's own slot names, whitespace-normalised, is the stored App. D.1 text."""
+    paper = _paper("coherence.txt")
+    d1 = paper[paper.index("Evaluation Prompt ## Task") + len("Evaluation Prompt "):paper.index(" D.2 Error Analysis")]
+    t = load_templates("coherence")
+    slots = {"title": "{title}", "num_placeholders": "{num_placeholders}", "num_candidates": "{len(image_sequence)}",
+             "last_index": "{len(image_sequence) - 1}", "content": "{content}",
+             "format_list": '{", ".join(["index" + str(i) for i in range(num_placeholders)])}'}
+    ours = " ".join([t["header"].format(**slots), "{Image list}", t["footer"].format(**slots)])
+    assert " ".join(ours.split()) == d1
+    assert t["placeholder"] == "[IMAGE_PLACEHOLDER]" and "Image 0[Uncaptioned image] Image 1" in paper

@@ -5,10 +5,14 @@
 ============  ========  ======================================================================
 key           required  meaning
 ============  ========  ======================================================================
-text          yes       text with image placeholders matched by ``placeholder_pattern``
+text          yes       text with image placeholders matched by ``placeholder_pattern`` (default:
+                        the paper's ``[IMAGE_PLACEHOLDER]`` or this project's ``<image_i>``)
+title         no        the article title (the ``{title}`` of the App. D.1 prompt; the prompt
+                        refuses an instance without one)
 candidates    yes       list of candidate images (paths relative to the export file, URLs via
                         ``url_root``, or embedded bytes)
-gold          no        ``gold[i]`` = candidate index (``gold_base``-based) of the image of the
+gold          no        ``gold[i]`` = candidate index (``gold_base``-based; the paper's answers are
+                        0-based, App. D.1) of the image of the
                         i-th placeholder in reading order. Absent: the first ``n`` candidates
                         are the images of the ``n`` placeholders in order, and the candidates
                         are shuffled with a generator seeded by ``(seed, id)``, as the builder does
@@ -48,12 +52,13 @@ from data_modules.adapters.iso import image_source, record_value, resolve_fields
 from data_modules.tasks.coherence import DIFFICULTY_NAMES, difficulty_of, placeholder
 from seqaware.procedure import SPLIT_PATTERN
 
-COHERENCE_FIELDS = ("id", "text", "candidates", "gold", "difficulty", "split", "source")
+COHERENCE_FIELDS = ("id", "text", "candidates", "gold", "difficulty", "split", "source", "title")
+DEFAULT_PLACEHOLDER_PATTERN = r"\[IMAGE_PLACEHOLDER\]|<image_\d+>"
 REQUIRED = ("text", "candidates")
 
 
 def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str] | None = None,
-            placeholder_pattern: str = r"<image_\d+>", gold_base: int = 0, split: str = "test",
+            placeholder_pattern: str = DEFAULT_PLACEHOLDER_PATTERN, gold_base: int = 0, split: str = "test",
             difficulty_bins: Sequence[Sequence[int | None]] = ((2, 3), (4, 5), (6, None)), seed: int = 0,
             unreadable_image: str = "error", url_root: str | None = None) -> AdapterResult:
     """Read a COHERENCE export into COHERENCE instances (see the module docstring)."""
@@ -119,6 +124,9 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], pattern:
     inst_split = "val" if inst_split == "validation" else inst_split
     if not SPLIT_PATTERN.match(inst_split):
         log.add(path, line, iid, fmap["split"], f"unknown split {inst_split!r}")
+    title = value["title"]
+    if title is not None and (not isinstance(title, str) or not title.strip()):
+        log.add(path, line, iid, fmap["title"], "must be a non-empty string")
     if iid in seen:
         log.add(path, line, iid, fmap["id"], f"duplicate id (first seen at {seen[iid]})")
     seen.setdefault(iid, f"{path}:{line}")
@@ -146,6 +154,7 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], pattern:
         "distractors": sorted(set(range(len(candidates))) - set(gold)),
         "difficulty": str(difficulty).lower() if difficulty is not None else difficulty_of(n, bins),
     }
+    inst["title"] = None if title is None else title.strip()
     if value["source"] is not None:
         inst["source"] = str(value["source"])
     return inst

@@ -10,6 +10,8 @@ snippet         yes       the text snippet: a list of step texts, or one string
 image           yes       the image of the other step: path (relative to the export file), URL
                           (used only via ``url_root``) or embedded bytes (``{"bytes": ...}``)
 label           yes       gold answer, mapped to DEP / NONDEP by ``labels``
+goal            no        the plan's goal (the ``GOAL:`` line of the App. H prompt; the prompt
+                          refuses an instance without one)
 id              no        instance id (default ``<file stem>-<line>``)
 question        no        the question text
 task            no        ``before`` / ``after`` (default: read from the question, else None)
@@ -46,7 +48,7 @@ from data_modules.adapters.common import (
 from data_modules.tasks.iso import ISO_LABELS
 from seqaware.procedure import SPLIT_PATTERN
 
-ISO_FIELDS = ("id", "snippet", "image", "question", "label", "task", "k", "split", "procedure_id")
+ISO_FIELDS = ("id", "snippet", "image", "question", "label", "task", "k", "split", "procedure_id", "goal")
 REQUIRED = ("snippet", "image", "label")
 DEFAULT_LABELS = {"yes": "DEP", "no": "NONDEP", "dep": "DEP", "nondep": "NONDEP", "true": "DEP", "false": "NONDEP",
                   "1": "DEP", "0": "NONDEP"}
@@ -129,6 +131,11 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_ma
     inst_split = "val" if inst_split == "validation" else inst_split
     if not SPLIT_PATTERN.match(inst_split):
         log.add(path, line, iid, fmap["split"], f"unknown split {inst_split!r}")
+    if value["task"] is not None and str(value["task"]).strip().lower() not in ("before", "after"):
+        log.add(path, line, iid, fmap["task"], f"task {value['task']!r} is not 'before' or 'after'")
+    goal = value["goal"]
+    if goal is not None and (not isinstance(goal, str) or not goal.strip()):
+        log.add(path, line, iid, fmap["goal"], "must be a non-empty string")
     if iid in seen:
         log.add(path, line, iid, fmap["id"], f"duplicate id (first seen at {seen[iid]})")
     seen.setdefault(iid, f"{path}:{line}")
@@ -140,6 +147,7 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_ma
         return None
     question = value["question"]
     task = value["task"]
+    task = None if task is None else str(task).strip().lower()
     if task is None and isinstance(question, str):
         found = re.findall(r"\b(before|after)\b", question.lower())
         task = found[0] if len(set(found)) == 1 else None
@@ -147,6 +155,7 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_ma
         "instance_id": iid,
         "procedure_id": None if value["procedure_id"] is None else str(value["procedure_id"]),
         "split": inst_split,
+        "goal": None if goal is None else goal.strip(),
         "task": task,
         "k": int(value["k"]) if value["k"] is not None else len(snippet),
         "snippet_steps": None,

@@ -1,4 +1,10 @@
-"""COHERENCE-style instances: put each image back into its placeholder of an interleaved text.
+"""COHERENCE instances: put each image back into its placeholder of an interleaved text (COHERENCE §3.1).
+
+The paper's construction (§3.1.2): every image of the document is replaced by a placeholder
+("Placeholder Substitution"), the images are shuffled into a candidate pool ("Candidate Pool
+Construction"), and the original alignment is the answer. App. E adds ``n`` extra candidate images
+that belong to no placeholder (``num_distractors``; the paper uses 1, 2, 3). The filtering of §3.1.3
+(deduplication, MLLM-scored identifiability and difficulty) is not reproduced.
 
 Built from every procedure whose steps all have a non-empty text and at least one image (the
 first image of a step is used):
@@ -14,17 +20,24 @@ first image of a step is used):
 * ``distractors``: the candidate indices that belong to no placeholder (sorted).
 * ``difficulty``: ``easy`` / ``medium`` / ``hard`` by the number of images ``n``, from
   ``difficulty_bins`` = three inclusive ``(low, high)`` ranges, ``high=None`` meaning unbounded;
-  ``None`` when ``n`` falls in no bin.
+  ``None`` when ``n`` falls in no bin (the paper splits by image count, §3.1.2, but gives no bins:
+  the default bins are seqaware's);
+* ``title``: the procedure title (the ``{title}`` of the App. D.1 prompt);
+* ``source``: the domain (Table 1: WikiHow, StoryBird, Cooking, Science): the ``source`` argument,
+  else the procedure's ``meta["source"]``; absent when neither is given.
 
 Randomness comes from a generator seeded by ``(seed, procedure id)``: an instance does not change
 when other procedures are added, except through the pool its distractors are drawn from.
 
 An instance is a plain JSON-serialisable dict::
 
-    {"instance_id": "proc-7:coherence", "procedure_id": "proc-7", "split": "test",
+    {"instance_id": "proc-7:coherence", "procedure_id": "proc-7", "split": "test", "title": "Fry onions",
      "text": "Chop the onions. <image_1>\\nFry them. <image_2>", "num_images": 2,
      "candidates": ["images/other_3.jpg", "images/proc-7_1.jpg", "images/proc-7_0.jpg"],
-     "gold": [2, 1], "distractors": [0], "difficulty": "easy"}
+     "gold": [2, 1], "distractors": [0], "difficulty": "easy", "source": "WikiHow"}
+
+The prompt (:func:`seqaware.teo.prompts.build_coherence_prompt`) shows each ``<image_i>`` as the
+paper's ``[IMAGE_PLACEHOLDER]``.
 """
 from __future__ import annotations
 
@@ -62,6 +75,7 @@ def coherence_instances(
     num_distractors: int = 0,
     seed: int = 0,
     difficulty_bins: Sequence[tuple[int, int | None]] = ((2, 3), (4, 5), (6, None)),
+    source: str | None = None,
 ) -> list[dict[str, Any]]:
     """One COHERENCE instance per eligible procedure (see the module docstring).
 
@@ -101,15 +115,20 @@ def coherence_instances(
         order = [int(i) for i in rng.permutation(len(images))]   # candidates[j] = images[order[j]]
         position = {src: j for j, src in enumerate(order)}
         text = "\n".join(f"{step.text.strip()} {placeholder(i + 1)}" for i, step in enumerate(proc.steps))
-        instances.append({
+        inst = {
             "instance_id": f"{proc.id}:coherence",
             "procedure_id": proc.id,
             "split": proc.split,
+            "title": proc.title,
             "text": text,
             "num_images": n,
             "candidates": [images[src] for src in order],
             "gold": [position[i] for i in range(n)],
             "distractors": sorted(position[i] for i in range(n, len(images))),
             "difficulty": difficulty_of(n, difficulty_bins),
-        })
+        }
+        domain = source if source is not None else (proc.meta or {}).get("source")
+        if domain is not None:
+            inst["source"] = str(domain)
+        instances.append(inst)
     return instances

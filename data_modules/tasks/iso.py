@@ -1,41 +1,56 @@
-"""ISO-Bench style instances: is an image step a dependency of a text snippet?
+"""ISO-Bench instances: is an image step a dependency of a text snippet? (ISO-Bench §3, App. B)
 
-An instance shows a *snippet* (the texts of the first or last ``k`` steps of a procedure) and the
-image of one other step, and asks whether that step must happen before (task ``before``) or after
-(task ``after``) the snippet. Labels are ``DEP`` (yes) and ``NONDEP`` (no).
+An instance shows the plan's goal, a *snippet* (the texts of the first or last ``k`` steps of a
+procedure) and the image of one other step, and asks whether that step must come before the first
+(task ``before``) or after the last (task ``after``) step of the snippet. Labels are ``DEP`` (yes)
+and ``NONDEP`` (no).
 
-Construction for each ``k`` in ``ks`` with ``num_steps > k`` (the ISO-Bench default, by position):
+Construction, paper-exact by default (ISO-Bench App. B, "Processing YouCook2"; App. C applies the
+same procedure to CrossTask):
 
-* task ``before``: snippet = the last ``k`` steps. Positives = the steps in the window of
-  ``max_candidates`` steps just before the snippet; negatives = steps inside the snippet.
-* task ``after``: snippet = the first ``k`` steps. Positives = the steps in the window of
-  ``max_candidates`` steps just after the snippet; negatives = steps inside the snippet.
+* only procedures with at least ``min_steps`` steps (App. B: "We filter for videos with at least 5
+  steps");
+* one snippet length per procedure: ``k`` drawn uniformly from ``ks`` (App. B: "For each such video
+  it randomly picked an integer k between 2 and 4"); ``k_per_plan="all"`` (seqaware extension)
+  uses every ``k`` in ``ks`` instead;
+* task ``before``: snippet = the last ``k`` steps; positive pool = the ``max_candidates`` (3) steps
+  just before it ("recipe positions total-k-3 ... total-k-1"); negative pool = the steps inside
+  the snippet;
+* task ``after``: snippet = the first ``k`` steps; positive pool = the 3 steps just after it
+  ("k ... k+2"); negative pool = the steps inside the snippet.
 
-With ``label_by="dag"`` (procedures with a DAG only) the labels come from reachability instead;
-the candidates are every step outside the snippet:
+Both tasks are built for every procedure (the paper does not say whether a video gets one task or
+both; its Table 2 has 372 before and 392 after instances from 480 videos).
+
+With ``label_by="dag"`` (seqaware extension, procedures with a DAG only) the labels come from
+reachability instead; the candidates are every step outside the snippet:
 
 * task ``before``: a candidate is ``DEP`` iff some snippet step is reachable from it (it must
   happen before the snippet), else ``NONDEP``;
 * task ``after``: a candidate is ``DEP`` iff it is reachable from some snippet step (it must
   happen after the snippet), else ``NONDEP``.
 
-In both modes:
+In both modes (the paper's pools were then vetted by annotators, App. B; these rules are seqaware's):
 
 * only steps with an image can be candidates (their first image is shown); the position window is
   not widened to replace image-less steps;
 * positives are capped at ``max_candidates`` (``None``: no cap), keeping the ones closest to the
   snippet;
-* classes are balanced: ``m = min(#positives, #negatives)``; the ``m`` positives closest to the
-  snippet are kept and ``m`` negatives are sampled without replacement by a generator seeded by
-  ``(seed, procedure id, task, k)``, so the result does not depend on the other procedures. A
-  task/``k`` with no positive or no negative gives no instances.
+* classes are balanced (ISO-Bench is "roughly evenly split between the two types", §3):
+  ``m = min(#positives, #negatives)``; the ``m`` positives closest to the snippet are kept and
+  ``m`` negatives are sampled without replacement by a generator seeded by ``(seed, procedure id,
+  task, k)``, so the result does not depend on the other procedures. A task with no positive or
+  no negative gives no instances.
 
-An instance is a plain JSON-serialisable dict::
+``k`` is drawn by a generator seeded by ``(seed, procedure id)``. An instance is a plain
+JSON-serialisable dict::
 
     {"instance_id": "proc-7:before-k2:s3", "procedure_id": "proc-7", "split": "test",
-     "task": "before", "k": 2, "snippet_steps": [4, 5], "snippet": ["...", "..."],
-     "candidate_step": 3, "image": "images/proc-7_3.jpg", "label": "DEP",
-     "question": "Must the step shown in the image happen before the steps described?"}
+     "goal": "Make chicken parmesan", "task": "before", "k": 2, "snippet_steps": [4, 5],
+     "snippet": ["...", "..."], "candidate_step": 3, "image": "images/proc-7_3.jpg", "label": "DEP",
+     "question": "Does this image show a step that must come before the first step in the plan?"}
+
+``question`` is the paper's question for the task (App. H), read from ``configs/prompts/iso.yaml``.
 """
 from __future__ import annotations
 
@@ -46,12 +61,10 @@ import numpy as np
 
 from seqaware import dag as dag_utils
 from seqaware.procedure import Procedure
+from seqaware.teo.prompts import load_templates
 
 ISO_LABELS = ("DEP", "NONDEP")
-ISO_QUESTIONS = {
-    "before": "Must the step shown in the image happen before the steps described?",
-    "after": "Must the step shown in the image happen after the steps described?",
-}
+K_PER_PLAN = ("one", "all")
 
 
 def _candidate_sets(
@@ -92,24 +105,38 @@ def iso_instances(
     max_candidates: int | None = 3,
     label_by: str = "position",
     seed: int = 0,
+    min_steps: int = 5,
+    k_per_plan: str = "one",
 ) -> list[dict[str, Any]]:
     """ISO instances of one procedure (see the module docstring for the exact construction).
 
-    Instances are ordered by ``k``, then task (before, after), then label (DEP first), then
-    candidate step.
+    Defaults follow ISO-Bench App. B: plans of >= 5 steps, one ``k`` in {2, 3, 4} per plan, a
+    positive window of 3 steps, labels by position. Instances are ordered by ``k``, then task
+    (before, after), then label (DEP first), then candidate step.
     """
     if label_by not in ("position", "dag"):
         raise ValueError(f"label_by must be 'position' or 'dag', got {label_by!r}")
+    if k_per_plan not in K_PER_PLAN:
+        raise ValueError(f"k_per_plan must be one of {', '.join(K_PER_PLAN)}, got {k_per_plan!r}")
+    if not ks or not all(isinstance(k, (int, np.integer)) and k > 0 for k in ks):
+        raise ValueError(f"ks must be a non-empty list of positive snippet lengths, got {list(ks)}")
     n = procedure.num_steps
+    if n < min_steps:
+        return []
+    usable = [int(k) for k in ks if k < n]
+    if not usable:
+        return []
+    if k_per_plan == "one":
+        draw = np.random.default_rng([seed, zlib.crc32(procedure.id.encode())]).integers(len(usable))
+        usable = [usable[int(draw)]]
     reach = None
     if label_by == "dag":
         if procedure.dag is None:
             raise ValueError(f"procedure {procedure.id}: label_by='dag' needs a DAG, but the procedure has none")
         reach = np.asarray(dag_utils.transitive_closure(n, [tuple(e) for e in procedure.dag]), dtype=bool)
+    questions = load_templates("iso")["question"]
     instances: list[dict[str, Any]] = []
-    for k in ks:
-        if not 0 < k < n:
-            continue
+    for k in usable:
         for task in ("before", "after"):
             snippet = list(range(n - k, n)) if task == "before" else list(range(k))
             positives, negatives = _candidate_sets(procedure, task, snippet, max_candidates, label_by, reach)
@@ -125,6 +152,7 @@ def iso_instances(
                         "instance_id": f"{procedure.id}:{task}-k{k}:s{step}",
                         "procedure_id": procedure.id,
                         "split": procedure.split,
+                        "goal": procedure.title,
                         "task": task,
                         "k": k,
                         "snippet_steps": list(snippet),
@@ -132,6 +160,6 @@ def iso_instances(
                         "candidate_step": step,
                         "image": procedure.steps[step].images[0],
                         "label": label,
-                        "question": ISO_QUESTIONS[task],
+                        "question": questions[task],
                     })
     return instances

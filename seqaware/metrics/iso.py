@@ -4,9 +4,11 @@ Also holds the small helpers shared by the task metrics (TEO, COHERENCE): per-cl
 recall and F1 that agree with ``sklearn.metrics.precision_recall_fscore_support`` (with
 ``labels=...`` and ``zero_division=0``), seeded constant/random baselines and a plain-text table.
 
-Predictions may contain anything: a prediction that is not one of the task's labels (``None``, an
-unparsable answer, ``"other"``) is simply wrong: it lowers recall of the gold class and accuracy,
-and counts towards no class's precision. Its share is reported as ``invalid_rate``.
+Predictions may contain anything: in :func:`classification_report` (yes/no questions) a prediction
+that is not one of the task's labels (``None``, an unparsable answer, ``"other"``) is simply wrong:
+it lowers recall of the gold class and accuracy, and counts towards no class's precision. Its share
+is reported as ``invalid_rate``. :func:`iso_report` by default leaves such predictions out, as
+ISO-Bench does (App. H), and reports how many there were.
 
 Every ``*_rows`` function returns the trivial baselines first and then the systems, so a reported
 table always carries them.
@@ -42,7 +44,10 @@ def classification_report(gold: Sequence[Hashable], pred: Sequence[Hashable], la
     """Accuracy, invalid rate, per-class and macro precision/recall/F1 over ``labels``.
 
     Keys: ``accuracy``, ``invalid_rate``, ``n``, ``precision_<label>``, ``recall_<label>``,
-    ``f1_<label>``, ``support_<label>``, ``macro_precision``, ``macro_recall``, ``macro_f1``.
+    ``f1_<label>``, ``support_<label>``, ``macro_precision``, ``macro_recall``, ``macro_f1``
+    (unweighted means over ``labels``, sklearn ``average="macro"``) and ``weighted_precision``,
+    ``weighted_recall``, ``weighted_f1`` (means weighted by gold support, sklearn
+    ``average="weighted"``; 0.0 when no gold label is in ``labels``).
     """
     prf = per_class_prf(gold, pred, labels)
     n = len(gold)
@@ -54,8 +59,11 @@ def classification_report(gold: Sequence[Hashable], pred: Sequence[Hashable], la
     for label, scores in prf.items():
         for name, value in scores.items():
             report[f"{name}_{label}"] = value
+    total = sum(prf[label]["support"] for label in labels)
     for name in ("precision", "recall", "f1"):
         report[f"macro_{name}"] = float(np.mean([prf[label][name] for label in labels])) if labels else 0.0
+        report[f"weighted_{name}"] = (sum(prf[label][name] * prf[label]["support"] for label in labels) / total
+                                      if total else 0.0)
     return report
 
 
@@ -110,18 +118,55 @@ def _labels_of(gold: Sequence[Any] | Mapping[str, Any], pred: Sequence[Any] | Ma
 
 
 # ---------------------------------------------------------------- ISO-Bench
+# ISO-Bench Table 1 layout: DEP P/R/F, NONDEP P/R/F, MACRO AVG P/R/F (+ accuracy, App. H "Metric").
 ISO_COLUMNS = (("accuracy", "Acc"), ("precision_DEP", "P DEP"), ("recall_DEP", "R DEP"), ("f1_DEP", "F1 DEP"),
                ("precision_NONDEP", "P NONDEP"), ("recall_NONDEP", "R NONDEP"), ("f1_NONDEP", "F1 NONDEP"),
-               ("macro_f1", "macro F1"), ("invalid_rate", "invalid"))
+               ("macro_precision", "macro P"), ("macro_recall", "macro R"), ("macro_f1", "macro F1"),
+               ("invalid_rate", "unparsable"))
+ISO_UNPARSABLE = ("exclude", "wrong")
+"""How :func:`iso_report` treats a prediction that is not DEP/NONDEP: ``exclude`` (ISO-Bench App. H) or
+``wrong`` (seqaware's stricter alternative)."""
 
 
-def iso_report(gold: Sequence[str] | Mapping[str, str], pred: Sequence[Any] | Mapping[str, Any]) -> dict[str, Any]:
-    """DEP/NONDEP per-class and macro precision/recall/F1, accuracy and invalid rate.
+def iso_report(gold: Sequence[str] | Mapping[str, str], pred: Sequence[Any] | Mapping[str, Any],
+               unparsable: str = "exclude") -> dict[str, Any]:
+    """DEP/NONDEP per-class, macro and weighted precision/recall/F1, accuracy, unparsable counts.
 
-    ``gold`` and ``pred`` are aligned label sequences, or mappings ``instance_id -> label``.
+    ``gold`` and ``pred`` are aligned label sequences, or mappings ``instance_id -> label`` (an id
+    without prediction is unparsable). A prediction that is not ``DEP``/``NONDEP`` (``other``,
+    None, ...) is *unparsable*:
+
+    * ``unparsable="exclude"`` (default, ISO-Bench App. H "Metric": "we report accuracy, precision,
+      recall, and F1 on the subset of responses containing an unambiguous YES or NO", footnote: "We
+      discard outputs lacking either token"): every score is computed on the parsed instances only;
+    * ``unparsable="wrong"``: scored over all instances, an unparsable reply being wrong (it lowers
+      the gold class's recall and counts towards no class's precision).
+
+    Keys: those of :func:`classification_report` (``precision_DEP`` ... ``macro_f1``,
+    ``weighted_f1``), where ``n`` = all gold instances and ``invalid_rate`` = unparsable share of
+    them, plus ``num_unparsable`` and ``n_scored`` (instances the scores are computed on). Table 1
+    reports per-label and "macro average" P/R/F; its macro F is the unweighted mean of the two
+    per-class F1 (e.g. 4o A: (0.63 + 0.50) / 2 = 0.57), i.e. ``macro_f1`` (sklearn ``macro``).
     """
+    if unparsable not in ISO_UNPARSABLE:
+        raise ValueError(f"unparsable must be one of {', '.join(ISO_UNPARSABLE)}, got {unparsable!r}")
     gold, pred = _labels_of(gold, pred)
-    return classification_report(gold, pred, ISO_LABELS)
+    bad = [g for g in gold if g not in ISO_LABELS]
+    if bad:
+        raise ValueError(f"gold labels must be DEP or NONDEP, got {sorted(set(map(str, bad)))}")
+    parsed = [p in ISO_LABELS for p in pred]
+    if unparsable == "exclude":
+        scored_gold = [g for g, ok in zip(gold, parsed) if ok]
+        scored_pred = [p for p, ok in zip(pred, parsed) if ok]
+    else:
+        scored_gold, scored_pred = gold, pred
+    report = classification_report(scored_gold, scored_pred, ISO_LABELS)
+    n = len(gold)
+    report["n"] = n
+    report["n_scored"] = len(scored_gold)
+    report["num_unparsable"] = n - sum(parsed)
+    report["invalid_rate"] = (n - sum(parsed)) / n if n else 0.0
+    return report
 
 
 def iso_baselines(gold: Sequence[str] | Mapping[str, str], seed: int = 0) -> dict[str, dict[str, Any]]:
@@ -137,10 +182,10 @@ def iso_baselines(gold: Sequence[str] | Mapping[str, str], seed: int = 0) -> dic
     }
 
 
-def iso_rows(gold, systems: Mapping[str, Any], seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Baseline rows, then one row per system (``name -> predictions``)."""
+def iso_rows(gold, systems: Mapping[str, Any], seed: int = 0, unparsable: str = "exclude") -> dict[str, dict[str, Any]]:
+    """Baseline rows, then one row per system (``name -> predictions``); ``unparsable`` as in :func:`iso_report`."""
     rows = iso_baselines(gold, seed)
-    rows.update({name: iso_report(gold, pred) for name, pred in systems.items()})
+    rows.update({name: iso_report(gold, pred, unparsable) for name, pred in systems.items()})
     return rows
 
 

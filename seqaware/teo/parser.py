@@ -21,12 +21,11 @@ TEO (prompts of :mod:`seqaware.teo.prompts`, MATEO Table 5; answer formats of Ta
 Matching ignores case, markdown emphasis (``**``, ``__``, backticks, headings), list bullets,
 surrounding punctuation and extra text; a reply may hold the three answers on one line or three.
 
-ISO: ``DEP`` for yes, ``NONDEP`` for no, ``other`` otherwise; answer-only replies must use yes or no
-but not both, explain-then-answer replies end with ``Answer: Yes|No``.
+ISO-Bench (App. H): ``answer_only`` -> the first YES/NO word, ``explain`` -> the last
+``<answer>YES|NO</answer>`` tag; ``DEP`` for yes, ``NONDEP`` for no, ``other`` when there is none.
 
-COHERENCE: one ``<image_i>: Image k`` (1-based candidates) per placeholder, parsed strictly: any
-other format, a missing or repeated placeholder, an out-of-range or repeated candidate gives None
-(an invalid prediction, counted by :func:`seqaware.metrics.coherence.coherence_report`).
+COHERENCE (App. D.1): the Python list of 0-based image indices on the reply's last line, as written
+(validity is judged by :mod:`seqaware.metrics.coherence`), or None when the last line has no list.
 """
 from __future__ import annotations
 
@@ -174,60 +173,55 @@ def reflection_outcome(first: str, final: str, gold: str) -> str:
     return "broken" if first == gold else "changed_wrong"
 
 
-# ---------------------------------------------------------------- ISO
-_ISO_FINAL = re.compile(r"\banswer\s*(?:is)?\s*[:=\-]?\s*\W{0,3}(yes|no)\b", re.IGNORECASE)
+# ---------------------------------------------------------------- ISO (ISO-Bench, App. H)
+_ISO_WORD = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+# App. H: "a final answer enclosed by <answer>YES</answer> or <answer>NO</answer>"
+_ISO_TAG = re.compile(r"<answer>\s*(yes|no)\s*</answer>", re.IGNORECASE)
 _ISO_LABEL = {"yes": "DEP", "no": "NONDEP"}
 
 
 def parse_iso_answer(text: str | None, strategy: str = "answer_only") -> str:
-    """``DEP`` (yes) / ``NONDEP`` (no) / ``other`` for an ISO reply.
+    """``DEP`` (YES) / ``NONDEP`` (NO) / ``other`` (unparsable) for an ISO-Bench reply (App. H).
 
-    ``answer_only``: the reply uses yes or no (as words) but not both.
-    ``explain``: the last ``Answer: Yes|No``; failing that, a last line that starts with yes/no.
+    ``answer_only``: the first ``YES`` or ``NO`` of the reply, as a whole word ("use the first "YES"
+    or "NO" as the prediction"). ``explain``: the last ``<answer>YES</answer>`` /
+    ``<answer>NO</answer>`` tag ("We evaluate only the final tag"); a reply without a complete tag
+    (e.g. cut off by the 120-token limit) is ``other``, whatever it says elsewhere. Matching ignores
+    case and whitespace inside the tag. ``other`` replies are left out of the metrics, as the paper
+    does (App. H footnote: "We discard outputs lacking either token"; see
+    :func:`seqaware.metrics.iso.iso_report`).
     """
     if strategy not in ("answer_only", "explain"):
         raise ValueError(f"unknown ISO strategy {strategy!r}; valid ISO strategies: answer_only, explain")
-    cleaned = _clean(text).strip()
+    text = "" if text is None else str(text)
     if strategy == "explain":
-        found = _ISO_FINAL.findall(cleaned)
-        if found:
-            return _ISO_LABEL[found[-1].lower()]
-        lines = [line for line in cleaned.split("\n") if line.strip()]
-        match = _YES_NO.match(lines[-1]) if lines else None
-        return _ISO_LABEL[match.group(1).lower()] if match else OTHER
-    words = set(re.findall(r"\b(yes|no)\b", cleaned.lower()))
-    return _ISO_LABEL[words.pop()] if len(words) == 1 else OTHER
+        found = _ISO_TAG.findall(text)
+        return _ISO_LABEL[found[-1].lower()] if found else OTHER
+    match = _ISO_WORD.search(text)
+    return _ISO_LABEL[match.group(1).lower()] if match else OTHER
 
 
-# ---------------------------------------------------------------- COHERENCE
-_ASSIGNMENT = re.compile(r"^\s*(?:[-+•]\s*)?<image_(\d+)>\s*[:=]\s*(?:image\s*)?(\d+)\s*\.?\s*$", re.IGNORECASE)
+# ---------------------------------------------------------------- COHERENCE (App. D.1)
+_INT_LIST = re.compile(r"\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*,?\s*\]")
+_DECORATION = re.compile(r"^[\s`*_#>.\-]*$")
 
 
-def parse_coherence_answer(text: str | None, num_placeholders: int, num_candidates: int) -> list[int] | None:
-    """Candidate index (0-based) per placeholder, or None when the reply is not a valid assignment.
+def parse_coherence_answer(text: str | None) -> list[int] | None:
+    """The Python list of image indices on the reply's last line (COHERENCE App. D.1), or None.
 
-    Every non-empty line (markdown removed) must be ``<image_i>: Image k`` (``Image`` optional,
-    ``=`` accepted for ``:``, a list bullet allowed); each placeholder ``1..num_placeholders``
-    exactly once; each ``k`` in ``1..num_candidates`` and used once.
+    D.1 asks to "output your final answer on the LAST line as a Python list" of 0-based image
+    indices, one per placeholder. The last line that is not empty or pure markdown decoration
+    (a code fence, ``**``) is read; its last ``[i, j, ...]`` list of integers is the answer, with
+    any text around it ("Final Answer: [1, 3, 0, 2, 4]"). A list is returned as written -- a wrong
+    length, a repeated or out-of-range index makes it *invalid*, which the metrics count
+    (:func:`seqaware.metrics.coherence.coherence_scores`); None means no list on the last line
+    (*unparsable*).
     """
-    lines = [line for line in _clean_coherence(text).split("\n") if line.strip()]
-    assignment: dict[int, int] = {}
-    for line in lines:
-        match = _ASSIGNMENT.match(line)
-        if not match:
-            return None
-        slot, candidate = int(match.group(1)), int(match.group(2))
-        if slot in assignment or not 1 <= slot <= num_placeholders or not 1 <= candidate <= num_candidates:
-            return None
-        assignment[slot] = candidate - 1
-    if sorted(assignment) != list(range(1, num_placeholders + 1)):
+    lines = [line for line in ("" if text is None else str(text)).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+             if not _DECORATION.match(line)]
+    if not lines:
         return None
-    pred = [assignment[i] for i in range(1, num_placeholders + 1)]
-    return pred if len(set(pred)) == len(pred) else None
-
-
-def _clean_coherence(text: str | None) -> str:
-    """Like :func:`_clean` but keeps ``_`` and ``>`` (they are part of ``<image_1>``)."""
-    if not text:
-        return ""
-    return re.sub(r"[*`#]+", "", str(text)).replace("\r\n", "\n").replace("\r", "\n")
+    found = _INT_LIST.findall(lines[-1])
+    if not found:
+        return None
+    return [int(v) for v in re.split(r"\s*,\s*", found[-1].strip())]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -209,53 +210,112 @@ def teo_answer(label: str, target_format: str = "mateo", prompts_dir: str | None
     return answers[label]
 
 
-def build_iso_prompt(strategy: str, instance: Mapping[str, Any], image: Any = None, prompts_dir: str | None = None) -> list[Message]:
-    """Chat messages for one ISO-Bench instance (see ``data_modules.tasks.iso``).
+def _goal(instance: Mapping[str, Any], task_name: str, field: str) -> str:
+    """The instance's non-empty ``field`` (stripped); ValueError naming the instance and field."""
+    value = instance.get(field)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{task_name} instance {instance.get('instance_id')!r}: field {field!r} is empty or missing, "
+                         f"but the paper's prompt shows it")
+    return value.strip()
 
-    ``strategy``: ``answer_only`` (reply Yes or No) or ``explain`` (explain, then a final
-    ``Answer: Yes|No`` line). ``image`` overrides ``instance["image"]`` (e.g. a resolved path).
+
+def iso_max_new_tokens(prompts_dir: str | None = None) -> int:
+    """The generation limit of the ISO prompt file (ISO-Bench App. H: 120 tokens)."""
+    return int(load_templates("iso", prompts_dir)["max_new_tokens"])
+
+
+def build_iso_prompt(strategy: str, instance: Mapping[str, Any], image: Any = None, prompts_dir: str | None = None) -> list[Message]:
+    """Chat messages for one ISO-Bench instance (see ``data_modules.tasks.iso``), ISO-Bench App. H.
+
+    One user message: the image (``image_position: first`` in ``iso.yaml``), then ``GOAL: <goal>``,
+    ``Plan:``, the snippet's step texts one per line, the ``QUESTION: ...`` line of the instance's
+    ``task`` (``before``: "... before the first step in the plan?", ``after``: "... after the last
+    step in the plan?") and the strategy's instruction: ``answer_only`` ("Answer only with YES or
+    NO.") or ``explain`` (``<think>...</think>`` then ``<answer>YES|NO</answer>``). No system message.
+    ``image`` overrides ``instance["image"]`` (e.g. a resolved path). Errors name the instance and field.
     """
     _check_choice("ISO strategy", "ISO strategies", strategy, ISO_STRATEGIES)
     t = load_templates("iso", prompts_dir)
-    snippet = "\n".join(t["snippet_line"].format(index=i + 1, text=s) for i, s in enumerate(instance["snippet"]))
+    iid = instance.get("instance_id")
+    task = instance.get("task")
+    if task not in t["question"]:
+        raise ValueError(f"ISO instance {iid!r}: field 'task' is {task!r}; the ISO-Bench question needs one of "
+                         f"{', '.join(t['question'])}")
+    snippet = instance.get("snippet")
+    if isinstance(snippet, str):
+        snippet = [snippet]
+    if not snippet or not all(isinstance(s, str) and s.strip() for s in snippet):
+        raise ValueError(f"ISO instance {iid!r}: field 'snippet' must be a non-empty list of non-empty step texts")
     picture = image if image is not None else instance.get("image")
     if not picture:
-        raise ValueError(f"ISO instance {instance.get('instance_id')!r} has no image")
-    content = [
-        {"type": "text", "text": t["intro"]},
-        {"type": "text", "text": t["snippet_header"]},
-        {"type": "text", "text": snippet},
-        {"type": "text", "text": t["image_header"]},
-        {"type": "image", "image": str(picture) if isinstance(picture, Path) else picture},
-        {"type": "text", "text": t["question"][instance["task"]]},
-        {"type": "text", "text": t["strategies"][strategy].strip()},
-    ]
+        raise ValueError(f"ISO instance {iid!r}: field 'image' is empty or missing")
+    lines = [t["goal_line"].format(goal=_goal(instance, "ISO", "goal")), t["plan_header"]]
+    lines += [t["step_line"].format(text=s.strip()) for s in snippet]
+    lines += [t["question_line"].format(question=t["question"][task]), t["strategies"][strategy].strip()]
+    text_item = {"type": "text", "text": "\n".join(lines)}
+    image_item = {"type": "image", "image": str(picture) if isinstance(picture, Path) else picture}
+    position = t.get("image_position", "first")
+    if position not in ("first", "last"):
+        raise ValueError(f"iso.yaml: image_position must be 'first' or 'last', got {position!r}")
+    content = [image_item, text_item] if position == "first" else [text_item, image_item]
     return _messages(t.get("system"), content)
 
 
-def build_coherence_prompt(instance: Mapping[str, Any], images: Sequence[Any] | None = None, prompts_dir: str | None = None) -> list[Message]:
-    """Chat messages for one COHERENCE instance (see ``data_modules.tasks.coherence``).
+PLACEHOLDER_PATTERN = re.compile(r"<image_(\d+)>")
+"""The placeholders of a COHERENCE instance's ``text`` (``<image_1>`` ... in reading order)."""
 
-    The candidate images are shown numbered from 1 (``Image 1:`` + image, ...); the model is asked
-    for one line ``<image_i>: Image k`` per placeholder. ``images`` overrides the candidate paths.
+
+def coherence_content(instance: Mapping[str, Any], placeholder: str) -> str:
+    """The instance text with its ``<image_i>`` placeholders (1..n, in order) replaced by ``placeholder``.
+
+    ValueError naming the instance when the placeholders are not exactly ``<image_1>`` ..
+    ``<image_n>`` in reading order, n = ``num_images``.
+    """
+    text = instance.get("text")
+    iid = instance.get("instance_id")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"COHERENCE instance {iid!r}: field 'text' is empty or missing")
+    found = [int(m) for m in PLACEHOLDER_PATTERN.findall(text)]
+    n = int(instance["num_images"])
+    if found != list(range(1, n + 1)):
+        raise ValueError(f"COHERENCE instance {iid!r}: field 'text' has placeholders {found}, expected <image_1> .. "
+                         f"<image_{n}> in order (num_images={n})")
+    return PLACEHOLDER_PATTERN.sub(lambda _: placeholder, text)
+
+
+def build_coherence_prompt(instance: Mapping[str, Any], images: Sequence[Any] | None = None, prompts_dir: str | None = None) -> list[Message]:
+    """Chat messages for one COHERENCE instance (see ``data_modules.tasks.coherence``), COHERENCE App. D.1.
+
+    One user message: the D.1 header (title, number of placeholders and of candidates), the article
+    text with every placeholder shown as ``[IMAGE_PLACEHOLDER]``, ``## Candidate Images (Image 0 to
+    Image m-1):``, then ``Image 0`` + image, ``Image 1`` + image, ... (0-based, in candidate order,
+    distractors included), then the D.1 instructions asking for the 0-based image index of each
+    placeholder as a Python list on the last line. No system message. ``images`` overrides the
+    candidate paths (same length).
     """
     t = load_templates("coherence", prompts_dir)
+    iid = instance.get("instance_id")
     candidates = list(images) if images is not None else list(instance["candidates"])
     if len(candidates) != len(instance["candidates"]):
-        raise ValueError(f"COHERENCE instance {instance.get('instance_id')!r}: {len(candidates)} images for "
+        raise ValueError(f"COHERENCE instance {iid!r}: {len(candidates)} images for "
                          f"{len(instance['candidates'])} candidates")
     n = int(instance["num_images"])
-    content: list[dict[str, Any]] = [{"type": "text", "text": t["intro"]},
-                                     {"type": "text", "text": t["text_header"]},
-                                     {"type": "text", "text": instance["text"]},
-                                     {"type": "text", "text": t["images_header"].format(num_candidates=len(candidates))}]
+    m = len(candidates)
+    if m < n:
+        raise ValueError(f"COHERENCE instance {iid!r}: {m} candidates for {n} placeholders")
+    fields = {
+        "title": _goal(instance, "COHERENCE", "title"),
+        "num_placeholders": n,
+        "num_candidates": m,
+        "last_index": m - 1,
+        "content": coherence_content(instance, t["placeholder"]),
+        "format_list": t["format_separator"].join(t["format_item"].format(i=i) for i in range(n)),
+    }
+    content: list[dict[str, Any]] = [{"type": "text", "text": t["header"].format(**fields)}]
     for k, image in enumerate(candidates):
-        content.append({"type": "text", "text": t["image_marker"].format(index=k + 1)})
+        content.append({"type": "text", "text": t["image_marker"].format(index=k)})
         content.append({"type": "image", "image": str(image) if isinstance(image, Path) else image})
-    extra = t["distractor_note"] if len(candidates) > n else ""
-    example = "\n".join(t["answer_line"].format(placeholder=i + 1, index="k") for i in range(n))
-    content.append({"type": "text", "text": t["instructions"].format(num_images=n, num_candidates=len(candidates),
-                                                                     distractor_note=extra, answer_format=example).strip()})
+    content.append({"type": "text", "text": t["footer"].format(**fields)})
     return _messages(t.get("system"), content)
 
 

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from seqaware.io import atomic_open
-from seqaware.metrics.coherence import COHERENCE_COLUMNS, coherence_rows, coherence_table
-from seqaware.metrics.iso import ISO_COLUMNS, iso_rows, iso_table
+from seqaware.metrics.coherence import COHERENCE_COLUMNS, coherence_rows, coherence_source_table, coherence_table
+from seqaware.metrics.iso import ISO_COLUMNS, iso_report, iso_rows, iso_table
 from seqaware.metrics.teo import TEO_COLUMNS, teo_rows, teo_table
 from seqaware.teo.parser import parse_coherence_answer, parse_iso_answer, parse_teo_answers, reflection_outcome
-from seqaware.teo.prompts import build_coherence_prompt, build_iso_prompt, build_teo_prompt, prompt_hash
+from seqaware.teo.prompts import build_coherence_prompt, build_iso_prompt, build_teo_prompt, iso_max_new_tokens, prompt_hash
 
 log = logging.getLogger(__name__)
 
@@ -226,29 +226,70 @@ def evaluate_teo(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], generate:
 
 
 # ---------------------------------------------------------------- ISO
+class _TokenLimit:
+    """Temporarily set ``generate.max_new_tokens`` (when the generator has one, e.g. :class:`HFGenerator`)."""
+
+    def __init__(self, generate: Any, max_new_tokens: int | None) -> None:
+        self.generate, self.limit = generate, max_new_tokens
+        self.saved = getattr(generate, "max_new_tokens", None)
+
+    def __enter__(self) -> None:
+        if self.limit is not None and self.saved is not None:
+            self.generate.max_new_tokens = int(self.limit)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.limit is not None and self.saved is not None:
+            self.generate.max_new_tokens = self.saved
+
+
 def evaluate_iso(instances: Sequence[Mapping[str, Any]], generate: GenerateFn, cache: OutputCache, strategy: str,
                  model_name: str, signature: str | None = None, image_root: str | os.PathLike | None = None,
-                 batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
-    """ISO result of one (model, strategy): DEP/NONDEP P/R/F1 rows (baselines first), predictions."""
-    signature = signature or model_name
+                 batch_size: int = 8, seed: int = 0, max_new_tokens: int | None = None,
+                 unparsable: str = "exclude") -> dict[str, Any]:
+    """ISO-Bench result of one (model, strategy): DEP/NONDEP P/R/F1 rows (baselines first), predictions.
+
+    Protocol of ISO-Bench App. H: the prompt of :func:`build_iso_prompt`, generation limited to
+    ``max_new_tokens`` (default: ``max_new_tokens`` of ``configs/prompts/iso.yaml``, 120), the first
+    YES/NO (``answer_only``) or the final ``<answer>`` tag (``explain``) as the answer, and
+    unparsable replies left out of the scores (``unparsable="exclude"``; ``"wrong"`` counts them as
+    errors). The limit is applied by setting ``generate.max_new_tokens`` for the duration of the
+    call when the generator has that attribute (:class:`HFGenerator`); any other callable must
+    honour it itself. The limit is part of every prompt hash. ``by_task`` holds the model's scores
+    on the ``before`` and ``after`` questions separately (as in ISO-Bench Figure 3).
+    """
+    limit = iso_max_new_tokens() if max_new_tokens is None else int(max_new_tokens)
+    signature = f"{signature or model_name}|iso_max_new_tokens={limit}"
     queries = []
     for inst in instances:
         messages = build_iso_prompt(strategy, inst, image=resolve_image(inst.get("image"), image_root))
         queries.append(make_query(inst["instance_id"], "iso", messages, signature, image_root))
-    outputs = run_queries(queries, generate, cache, batch_size, extra={"model": model_name, "task": "iso", "strategy": strategy})
+    with _TokenLimit(generate, limit):
+        outputs = run_queries(queries, generate, cache, batch_size,
+                              extra={"model": model_name, "task": "iso", "strategy": strategy})
     preds = {q.item_id: parse_iso_answer(text, strategy) for q, text in zip(queries, outputs)}
     gold = {inst["instance_id"]: inst["label"] for inst in instances}
-    rows = iso_rows(gold, {model_name: preds}, seed=seed)
+    rows = iso_rows(gold, {model_name: preds}, seed=seed, unparsable=unparsable)
+    by_task = {}
+    for task in ("before", "after"):
+        ids = [inst["instance_id"] for inst in instances if inst.get("task") == task]
+        if ids:
+            by_task[task] = iso_report({i: gold[i] for i in ids}, {i: preds[i] for i in ids}, unparsable)
     return {"task": "iso", "model": model_name, "strategy": strategy, "modality": "image_text",
-            "num_instances": len(instances), "rows": rows, "columns": [list(c) for c in ISO_COLUMNS],
-            "table": iso_table(rows), "predictions": preds}
+            "num_instances": len(instances), "max_new_tokens": limit, "unparsable": unparsable, "rows": rows,
+            "columns": [list(c) for c in ISO_COLUMNS], "table": iso_table(rows), "by_task": by_task,
+            "predictions": preds}
 
 
 # ---------------------------------------------------------------- COHERENCE
 def evaluate_coherence(instances: Sequence[Mapping[str, Any]], generate: GenerateFn, cache: OutputCache,
                        model_name: str, signature: str | None = None, image_root: str | os.PathLike | None = None,
                        batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
-    """COHERENCE result of one model: exact match, partial score, reject accuracy, invalid rate."""
+    """COHERENCE result of one model (App. D.1 prompt, §4.1 / App. E metrics).
+
+    Rows: exact match, partial score, reject accuracy, unparsable and invalid rates (baselines
+    first), each with ``by_source`` / ``by_difficulty``; ``table`` adds the per-domain table in the
+    layout of COHERENCE Table 1 when the instances carry a ``source``.
+    """
     signature = signature or model_name
     queries = []
     for inst in instances:
@@ -256,12 +297,15 @@ def evaluate_coherence(instances: Sequence[Mapping[str, Any]], generate: Generat
         queries.append(make_query(inst["instance_id"], "coherence", build_coherence_prompt(inst, images=images), signature,
                                   image_root))
     outputs = run_queries(queries, generate, cache, batch_size, extra={"model": model_name, "task": "coherence"})
-    preds = {inst["instance_id"]: parse_coherence_answer(text, int(inst["num_images"]), len(inst["candidates"]))
-             for inst, text in zip(instances, outputs)}
+    preds = {inst["instance_id"]: parse_coherence_answer(text) for inst, text in zip(instances, outputs)}
     rows = coherence_rows(instances, {model_name: preds}, seed=seed)
+    table = coherence_table(rows)
+    by_source = coherence_source_table(rows)
+    if by_source:
+        table += "\n\nBy source domain (COHERENCE Table 1 layout):\n\n" + by_source
     return {"task": "coherence", "model": model_name, "strategy": "assign", "modality": "image_text",
             "num_instances": len(instances), "rows": rows, "columns": [list(c) for c in COHERENCE_COLUMNS],
-            "table": coherence_table(rows), "predictions": preds}
+            "table": table, "predictions": preds}
 
 
 # ---------------------------------------------------------------- outputs
