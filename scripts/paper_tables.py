@@ -37,7 +37,7 @@ Our inputs and the paper columns they fill:
 * ``--iso``: eval_teo ISO results: answer_only -> setting A, explain -> E->A; P/R/F of DEP, NONDEP and
   MACRO AVG = ``precision_DEP`` ... ``macro_precision``, ``macro_recall``, ``macro_f1``.
 * ``--coherence``: eval_teo COHERENCE results: Exact/Partial (Kendall) = ``exact_match``,
-  ``partial_score`` x100, overall and per key of ``by_difficulty`` (Table 2) and ``by_domain``
+  ``partial_score`` x100, overall and per key of ``by_difficulty`` (Table 2) and ``by_source``
   (Table 1; domain names matched case-insensitively).
 
 With ``--out`` the markdown is written there and every table's rows (ours included) to
@@ -669,11 +669,11 @@ def iso_rows(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list
 
 
 def coherence_rows(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[dict]]:
-    """Our rows of COHERENCE Tables 1 (per domain: ``by_domain``) and 2 (per difficulty: ``by_difficulty``)."""
+    """Our rows of COHERENCE Tables 1 (per domain: ``by_source``) and 2 (per difficulty: ``by_difficulty``)."""
     out: dict[tuple[str, str], dict[str, dict]] = {("coherence", "Table 1"): {}, ("coherence", "Table 2"): {}}
     for result in results:
         for name, report in result["rows"].items():
-            for table, breakdown, partial in (("Table 1", "by_domain", "partial"), ("Table 2", "by_difficulty", "kendall")):
+            for table, breakdown, partial in (("Table 1", "by_source", "partial"), ("Table 2", "by_difficulty", "kendall")):
                 spec = SPECS[("coherence", table)]
                 parts = {str(k).lower(): v for k, v in (report.get(breakdown) or {}).items() if isinstance(v, Mapping)}
                 row = {"group": "ours", "model": f"{name} (ours)"}

@@ -490,7 +490,7 @@ def test_iso_and_coherence_rows_from_eval_teo_results(tmp_path):
             "vlm": {"exact_match": 0.5, "partial_score": 0.75,
                     "by_difficulty": {"easy": {"exact_match": 0.75, "partial_score": 0.875},
                                       "hard": {"exact_match": 0.25, "partial_score": 0.625}},
-                    "by_domain": {"WikiHow": {"exact_match": 0.6, "partial_score": 0.8}}}}})
+                    "by_source": {"WikiHow": {"exact_match": 0.6, "partial_score": 0.8}}}}})
     text = pt.main(["--iso", *map(str, files), "--coherence", str(coherence)])
     lines = text.splitlines()
     assert "### MATEO" not in text and "### ISO-Bench, Table 1" in text and "### COHERENCE, Table 2" in text
