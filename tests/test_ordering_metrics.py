@@ -401,3 +401,21 @@ def test_ordering_metric_states_are_fixed_sums():
     assert float(out["n_single"]) == 1 and float(out["n_multi"]) == 1 and float(out["dag/n"]) == 1
     with pytest.raises(ValueError):
         metric.update([[0, 0]], [[[0, 1]]])
+
+
+def test_score_predictions_script_reference_selection(tmp_path, monkeypatch, capsys):
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "predictions_test.jsonl"
+    path.write_text(json.dumps({"pred": [0, 1, 2, 3], "references": [[0, 2, 1, 3], [3, 1, 2, 0]]}) + "\n")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "score_predictions.py"
+    rows = {}
+    for rule in ("joint", "wu2022"):
+        monkeypatch.setattr(sys, "argv", [str(script), str(path), "--reference-selection", rule])
+        runpy.run_path(str(script), run_name="__main__")
+        rows[rule] = capsys.readouterr().out.strip().splitlines()[-1].split("|")[2:-1]  # acc pmr dist lcs lcstr tau ...
+    assert [float(v) for v in rows["joint"][:6]] == pytest.approx([0.5, 0.0, 2.0, 3.0, 1.0, 2 / 3], abs=1e-4)
+    assert [float(v) for v in rows["wu2022"][:6]] == pytest.approx([0.5, 0.0, 6.0, 2.0, 2.0, -2 / 3], abs=1e-4)
