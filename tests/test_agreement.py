@@ -127,7 +127,7 @@ def test_alternative_order_agreement_single_orders():
 def test_alternative_order_agreement_bad_input_names_annotator_and_order():
     with pytest.raises(ValueError, match="at least 2 annotators"):
         alternative_order_agreement({"w1": [[1, 3, 2]]}, GOLD)
-    with pytest.raises(ValueError, match=r"annotator 'w2', order 1: \[1, 2, 4\] is not an order"):
+    with pytest.raises(ValueError, match=r"annotator .w2., order 1: \[1, 2, 4\] is not an order of the gold order.s items \[1, 2, 3\]"):
         alternative_order_agreement({"w1": [[1, 3, 2]], "w2": [[1, 3, 2], [1, 2, 4]]}, GOLD)
     with pytest.raises(ValueError, match="annotator 'w2': needs a non-empty list"):
         alternative_order_agreement({"w1": [[1, 3, 2]], "w2": []}, GOLD)

@@ -18,7 +18,7 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from seqaware import dag as dag_utils
-from seqaware.metrics.ordering import binary_kappa, order_kappa, pairwise_relations
+from seqaware.metrics.ordering import _as_order, _gold_positions, binary_kappa, order_kappa, pairwise_relations
 
 
 # ---------------------------------------------------------------- orders
@@ -41,14 +41,12 @@ def mean_pairwise_kappa(orders_by_annotator: Mapping[Any, Sequence[Hashable]] | 
 
 
 def _check_order(order: Any, gold: list, where: str) -> list:
-    """``order`` as a list, after checking it orders exactly the items of ``gold``."""
-    if isinstance(order, (np.ndarray,)) or hasattr(order, "tolist"):
-        order = order.tolist()
-    if isinstance(order, (str, bytes)) or not isinstance(order, Sequence):
-        raise ValueError(f"{where}: an order must be a list of step ids, got {order!r}")
-    order = list(order)
-    if len(order) != len(gold) or len(set(order)) != len(order) or set(order) != set(gold):
-        raise ValueError(f"{where}: {order!r} is not an order of the gold order's items {sorted(gold)!r}")
+    """``order`` as a list, after checking it orders exactly the items of ``gold`` (``where`` names it)."""
+    try:
+        order = _as_order(order, where)
+        _gold_positions(order, gold)
+    except ValueError as err:
+        raise ValueError(f"{where}: {order!r} is not an order of the gold order's items {gold!r} ({err})") from None
     return order
 
 
@@ -129,11 +127,8 @@ def alternative_order_agreement(alternatives_by_annotator: Mapping[Any, Sequence
     """
     annotators = _annotator_values(alternatives_by_annotator)
     names = list(alternatives_by_annotator) if isinstance(alternatives_by_annotator, Mapping) else list(range(len(annotators)))
-    if isinstance(gold, (str, bytes)) or not isinstance(gold, Iterable):
-        raise ValueError(f"gold must be the ground-truth order (a list of step ids), got {gold!r}")
-    gold = list(gold.tolist() if hasattr(gold, "tolist") else gold)
-    if len(set(gold)) != len(gold):
-        raise ValueError(f"gold order has duplicate items: {gold!r}")
+    gold = _as_order(gold, "gold")
+    _gold_positions(gold, gold)  # no duplicates
     checked = []
     for name, orders in zip(names, annotators):
         if isinstance(orders, (str, bytes)) or not isinstance(orders, Sequence) or not len(orders):
