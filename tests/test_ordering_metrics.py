@@ -191,6 +191,28 @@ def test_select_reference_wu2022_ties():
     assert corpus_order_metrics([pred], [refs], reference_selection="wu2022")["dist"] == 10.0
 
 
+def test_wu2022_tie_breakers_minimum_swaps_hand_values():
+    from seqaware.metrics.ordering import _minimum_swaps
+
+    # p[k] = gold position of the k-th predicted item; the authors' MS walks k -> position in pred of gold[k]
+    assert _minimum_swaps([0, 1, 2]) == 0 and _minimum_swaps([0, 1, 2], weighted=True) == 0
+    assert _minimum_swaps([1, 0, 3, 2]) == 2                   # two 2-cycles
+    assert _minimum_swaps([1, 0, 3, 2], weighted=True) == 2    # (2 - 1) * |1 - 0| + (2 - 1) * |3 - 2|
+    # pred 0 1 2 vs gold 2 0 1: p = [1, 2, 0]; one 3-cycle 0 -> 2 -> 1 -> 0 from position 0 (weight |2 - 0|)
+    assert _minimum_swaps([1, 2, 0]) == 2 and _minimum_swaps([1, 2, 0], weighted=True) == 4
+    assert _minimum_swaps([0]) == 0
+
+
+def test_select_reference_boundaries():
+    for rule in ("joint", "wu2022"):
+        index, scores = select_reference([7], [[7], [7]], rule)       # one item: everything perfect, first wins
+        assert index == 0 and scores == {"acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 1.0, "lcstr": 1.0, "tau": 1.0}
+        assert select_reference([0, 1], [[1, 0], [0, 1]], rule)[0] == 1
+        assert select_reference(np.array([0, 1, 2]), torch.tensor([[0, 2, 1], [0, 1, 2]]), rule)[0] == 1
+        with pytest.raises(ValueError, match="at least one order"):
+            select_reference([0, 1], [], rule)
+
+
 def test_select_reference_rejects_unknown_rule():
     with pytest.raises(ValueError, match="reference_selection must be one of"):
         select_reference([0, 1], [[0, 1]], reference_selection="max")
