@@ -170,6 +170,76 @@ def test_pisp_respects_patch_mask():
     assert torch.equal((out["visual_feats"] != batch["visual_feats"]).any(-1), tgt["pisp_swapped"])
 
 
+def test_pisp_paper_default_draws_m_uniform_in_1_to_w():
+    # Wu et al. 2022, sec. 4.2.2: M ranges from 1 to w, w = the image's number of patches
+    pisp = PatchSwapPrediction(H, delta=1.0)
+    assert pisp.max_patches is None
+    P = 4
+    batch = make_batch(B=4000, S=2, P=P, seed=1, text=False, image_prob=1.0)
+    _, tgt = pisp.corrupt(batch, gen(11))
+    m = tgt["pisp_num_patches"]
+    assert tgt["pisp_labels"].all()
+    assert int(m.min()) == 1 and int(m.max()) == P          # both bounds reached, nothing above w
+    counts = torch.bincount(m, minlength=P + 1)[1:].double()
+    # uniform: each of the 4 values ~1000 times (binomial sd ~27)
+    assert ((counts - 1000).abs() < 150).all(), counts
+    assert torch.equal(tgt["pisp_swapped"].sum((1, 2)), 2 * m)
+
+
+def test_pisp_paper_default_reaches_w_above_the_old_cap_and_respects_real_patches():
+    P = 16
+    batch = make_batch(B=3000, S=3, P=P, seed=2, text=False, image_prob=1.0)
+    _, tgt = PatchSwapPrediction(H, delta=1.0).corrupt(batch, gen(12))
+    m = tgt["pisp_num_patches"]
+    assert int(m.min()) == 1 and int(m.max()) == P and int((m > 7).sum()) > 1000  # ~9/16 of 3000
+    # with a patch mask, w = the smaller number of real patches of the two images
+    batch["patch_mask"] = torch.rand(3000, 3, P, generator=gen(13)) < 0.6
+    batch["patch_mask"][:, :, 0] = True  # every image keeps >= 1 real patch
+    _, tgt = PatchSwapPrediction(H, delta=1.0).corrupt(batch, gen(14))
+    rows = torch.arange(3000)
+    i, j = tgt["pisp_steps"].unbind(1)
+    w = torch.minimum(batch["patch_mask"][rows, i].sum(1), batch["patch_mask"][rows, j].sum(1))
+    m = tgt["pisp_num_patches"]
+    assert (m >= 1).all() and (m <= w).all()
+    assert int((m == w).sum()) > 100 and int((m == 1).sum()) > 100
+    assert not (tgt["pisp_swapped"] & ~batch["patch_mask"]).any()
+
+
+def test_pisp_capped_option_keeps_the_old_rule():
+    batch = make_batch(B=2000, S=2, P=16, seed=3, text=False, image_prob=1.0)
+    _, tgt = PatchSwapPrediction(H, delta=1.0, max_patches=7).corrupt(batch, gen(15))
+    m = tgt["pisp_num_patches"]
+    assert int(m.min()) == 1 and int(m.max()) == 7
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_patches"):
+            PatchSwapPrediction(H, max_patches=bad)
+
+
+@pytest.mark.parametrize("max_patches", [None, 7])
+def test_pisp_corrupt_is_vectorised_over_the_batch(max_patches):
+    """The number of tensor operations does not grow with the batch size (no Python loop over samples)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    pisp = PatchSwapPrediction(H, delta=1.0, max_patches=max_patches)
+    counts = []
+    for B in (2, 64):
+        batch = make_batch(B=B, S=3, P=9, seed=4, text=False, image_prob=1.0)
+        batch["patch_mask"] = torch.rand(B, 3, 9, generator=gen(5)) < 0.7
+        with CountOps() as mode:
+            pisp.corrupt(batch, gen(6))
+        counts.append(mode.count)
+    assert counts[0] == counts[1] and counts[0] > 10
+
+
 # ----------------------------------------------------------------------------------------- SMRM
 
 def pairwise_overlaps(mask: torch.Tensor, visual_mask: torch.Tensor):

@@ -150,6 +150,103 @@ def test_select_reference_jointly_best_and_first_on_ties():
     assert select_reference([0, 1, 2], [[0, 2, 1], [1, 0, 2]])[0] == 0
 
 
+def test_select_reference_wu2022_differs_from_joint():
+    pred = [0, 1, 2, 3]
+    refs = [[0, 2, 1, 3], [3, 1, 2, 0]]
+    # vs ref 0: acc 2/4 (0, 3 in place), pmr 0, lcstr 1, lcs 3 (0 1 3), tau 1 - 2*1/6 = 2/3, dist 2
+    # vs ref 1: acc 2/4 (1, 2 in place), pmr 0, lcstr 2 ("1 2"), lcs 2, tau 1 - 2*5/6 = -2/3, dist 6
+    assert select_reference(pred, refs)[0] == 0                         # joint: (pmr, acc, tau ...)
+    index, scores = select_reference(pred, refs, reference_selection="wu2022")   # (acc, pmr, lcstr ...)
+    assert index == 1
+    assert scores == pytest.approx({"acc": 0.5, "pmr": 0.0, "dist": 6.0, "lcs": 2.0, "lcstr": 2.0, "tau": -2 / 3})
+    # a perfect match always wins under both rules (acc 1 is the maximum too)
+    assert select_reference(pred, [[1, 0, 2, 3], pred], reference_selection="wu2022")[0] == 1
+    # acc before pmr-free lcstr: higher acc wins even with a shorter common substring
+    refs = [[1, 2, 3, 0], [0, 3, 2, 1]]   # ref 0: acc 0, lcstr 3; ref 1: acc 2/4, lcstr 1
+    assert select_reference(pred, refs, "wu2022")[0] == 1
+
+
+def test_select_reference_wu2022_ties():
+    pred = [0, 1, 2, 3]
+    # full tie (identical references): the first listed wins under both rules
+    assert select_reference(pred, [[1, 0, 2, 3], [1, 0, 2, 3]], "wu2022")[0] == 0
+    assert select_reference([0, 1, 2], [[1, 0, 2], [0, 2, 1]], "wu2022")[0] == 0  # same six metrics, ms 1 = 1, wms 1 = 1
+    assert select_reference([0, 1, 2], [[0, 2, 1], [1, 0, 2]], "wu2022")[0] == 0
+    # all six metrics tie and the minimum swaps tie (one 3-cycle each, ms = 2); the authors' weighted
+    # swaps break it: cycle 1->2->3 weighs |2 - 1| = 1 (wms 2), cycle 1->3->2 weighs |3 - 1| = 2 (wms 4),
+    # and the code keeps the larger
+    refs = [[0, 2, 3, 1], [0, 3, 1, 2]]
+    assert order_metrics(pred, refs[0]) == order_metrics(pred, refs[1])
+    assert select_reference(pred, refs)[0] == 0
+    assert select_reference(pred, refs, "wu2022")[0] == 1
+    # acc, pmr, lcstr, lcs, tau tie (0.2, 0, 1, 2, -0.2), Dist differs (8 vs 10): the authors' code
+    # maximises the trailing entries, so wu2022 reports Dist 10 where joint reports 8
+    pred = [0, 1, 2, 3, 4]
+    refs = [[0, 4, 3, 2, 1], [3, 1, 4, 0, 2]]
+    a, b = order_metrics(pred, refs[0]), order_metrics(pred, refs[1])
+    assert (a["acc"], a["lcstr"], a["lcs"], a["dist"]) == (0.2, 1.0, 2.0, 8.0)
+    assert (b["acc"], b["lcstr"], b["lcs"], b["dist"]) == (0.2, 1.0, 2.0, 10.0)
+    assert a["tau"] == pytest.approx(-0.2) and b["tau"] == pytest.approx(-0.2)
+    assert corpus_order_metrics([pred], [refs])["dist"] == 8.0
+    assert corpus_order_metrics([pred], [refs], reference_selection="wu2022")["dist"] == 10.0
+
+
+def test_wu2022_tie_breakers_minimum_swaps_hand_values():
+    from seqaware.metrics.ordering import _minimum_swaps
+
+    # p[k] = gold position of the k-th predicted item; the authors' MS walks k -> position in pred of gold[k]
+    assert _minimum_swaps([0, 1, 2]) == 0 and _minimum_swaps([0, 1, 2], weighted=True) == 0
+    assert _minimum_swaps([1, 0, 3, 2]) == 2                   # two 2-cycles
+    assert _minimum_swaps([1, 0, 3, 2], weighted=True) == 2    # (2 - 1) * |1 - 0| + (2 - 1) * |3 - 2|
+    # pred 0 1 2 vs gold 2 0 1: p = [1, 2, 0]; one 3-cycle 0 -> 2 -> 1 -> 0 from position 0 (weight |2 - 0|)
+    assert _minimum_swaps([1, 2, 0]) == 2 and _minimum_swaps([1, 2, 0], weighted=True) == 4
+    assert _minimum_swaps([0]) == 0
+
+
+def test_select_reference_boundaries():
+    for rule in ("joint", "wu2022"):
+        index, scores = select_reference([7], [[7], [7]], rule)       # one item: everything perfect, first wins
+        assert index == 0 and scores == {"acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 1.0, "lcstr": 1.0, "tau": 1.0}
+        assert select_reference([0, 1], [[1, 0], [0, 1]], rule)[0] == 1
+        assert select_reference(np.array([0, 1, 2]), torch.tensor([[0, 2, 1], [0, 1, 2]]), rule)[0] == 1
+        with pytest.raises(ValueError, match="at least one order"):
+            select_reference([0, 1], [], rule)
+
+
+def test_select_reference_rejects_unknown_rule():
+    with pytest.raises(ValueError, match="reference_selection must be one of"):
+        select_reference([0, 1], [[0, 1]], reference_selection="max")
+    with pytest.raises(ValueError, match="reference_selection"):
+        corpus_order_metrics([[0, 1]], [[[0, 1]]], reference_selection="best")
+    with pytest.raises(ValueError, match="reference_selection"):
+        OrderingMetrics(reference_selection="Wu2022")
+
+
+def test_corpus_wu2022_selection_hand_computed():
+    preds = [[0, 1, 2, 3], [0, 1, 2]]
+    refs = [[[0, 2, 1, 3], [3, 1, 2, 0]], [[0, 1, 2]]]
+    joint = corpus_order_metrics(preds, refs)
+    wu = corpus_order_metrics(preds, refs, reference_selection="wu2022")
+    # instance 0: joint scores ref 0 (lcstr 1, tau 2/3), wu2022 ref 1 (lcstr 2, tau -2/3); instance 1 is exact
+    assert joint["lcstr"] == pytest.approx((1 + 3) / 2) and wu["lcstr"] == pytest.approx((2 + 3) / 2)
+    assert joint["tau"] == pytest.approx((2 / 3 + 1) / 2) and wu["tau"] == pytest.approx((-2 / 3 + 1) / 2)
+    assert wu["dist"] == pytest.approx(3.0) and joint["dist"] == pytest.approx(1.0)
+    assert wu["subset_multi/lcs"] == 2.0 and joint["subset_multi/lcs"] == 3.0
+    for k in ORDER_KEYS:  # single-reference scores do not depend on the rule
+        assert wu[f"single/{k}"] == joint[f"single/{k}"]
+
+
+def test_ordering_metric_threads_reference_selection():
+    preds, refs, dags = _random_corpus(8, 40)
+    for rule in ("joint", "wu2022"):
+        metric = OrderingMetrics(reference_selection=rule)
+        metric.update(preds[:20], refs[:20], dags[:20])
+        metric.update(preds[20:], refs[20:], dags[20:])
+        expected = corpus_order_metrics(preds, refs, dags, reference_selection=rule)
+        assert {k: float(v) for k, v in metric.compute().items()} == pytest.approx(expected)
+    assert OrderingMetrics().reference_selection == "joint"
+
+
 def test_corpus_scores_one_reference_for_all_metrics():
     pred = [0, 1, 2, 3, 4]
     refs = [[1, 2, 3, 4, 0], [0, 4, 3, 2, 1]]   # ref 1 is selected (acc 0.2 vs 0.0)
@@ -228,35 +325,58 @@ def test_corpus_dag_metrics():
 
 
 # ---------------------------------------------------------------- pairwise relations and kappa
+def test_pairwise_relations_paper_examples():
+    # Wu et al. 2022, B.3.1: pairs {12, 13, 21, 23, 31, 32}; R123 = 110100, R231 = 001110
+    np.testing.assert_array_equal(pairwise_relations([1, 2, 3]), [1, 1, 0, 1, 0, 0])
+    np.testing.assert_array_equal(pairwise_relations([2, 3, 1]), [0, 0, 1, 1, 1, 0])
+    # B.3.2: R132 = 110001, R213 = 011100
+    np.testing.assert_array_equal(pairwise_relations([1, 3, 2]), [1, 1, 0, 0, 0, 1])
+    np.testing.assert_array_equal(pairwise_relations([2, 1, 3]), [0, 1, 1, 1, 0, 0])
+
+
 def test_pairwise_relations_encoding():
-    # pairs in order (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
-    np.testing.assert_array_equal(pairwise_relations([2, 0, 3, 1]), [1, 0, 1, 0, 0, 1])
-    np.testing.assert_array_equal(pairwise_relations([0, 1, 2]), [1, 1, 1])
-    np.testing.assert_array_equal(pairwise_relations(["c", "a", "b"]), [1, 0, 0])
-    np.testing.assert_array_equal(pairwise_relations([0, 1, 2], items=[2, 1, 0]), [0, 0, 0])
+    # ordered pairs (0,1) (0,2) (0,3) (1,0) (1,2) (1,3) (2,0) (2,1) (2,3) (3,0) (3,1) (3,2)
+    # order 2 0 3 1: 0<1 yes, 0<2 no, 0<3 yes, 1<0 no, 1<2 no, 1<3 no, 2<0 yes, 2<1 yes, 2<3 yes, 3<0 no, 3<1 yes, 3<2 no
+    np.testing.assert_array_equal(pairwise_relations([2, 0, 3, 1]), [1, 0, 1, 0, 0, 0, 1, 1, 1, 0, 1, 0])
+    np.testing.assert_array_equal(pairwise_relations(["c", "a", "b"]), [1, 0, 0, 0, 1, 1])  # pairs ab ac ba bc ca cb
+    np.testing.assert_array_equal(pairwise_relations([0, 1, 2], items=[2, 1, 0]), [0, 0, 1, 0, 1, 1])
     assert pairwise_relations([5]).shape == (0,)
+    assert pairwise_relations([0, 1]).tolist() == [1, 0]
+    rng = random.Random(3)
+    for n in range(2, 8):  # half of the n (n - 1) ordered pairs hold; (a, b) and (b, a) are complementary
+        enc = pairwise_relations(random_perm(rng, n)).reshape(n, n - 1)
+        assert enc.size == n * (n - 1) and enc.sum() == n * (n - 1) // 2
     with pytest.raises(ValueError):
         pairwise_relations([0, 1], items=[0, 2])
 
 
-def test_order_kappa_matches_sklearn():
+def test_order_kappa_paper_values():
+    # B.3.1 encoding: (1 2 3) vs (1 3 2) agree on 4 of 6 pairs, p_e = 1/2 -> (2/3 - 1/2) / (1/2) = 1/3
+    assert order_kappa([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert order_kappa([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert order_kappa([1, 2, 3], [1, 2, 3]) == 1.0
+    # (1 2 3) vs (2 3 1): 110100 vs 001110 agree only on 23 and 32 -> p_o = 1/3 -> kappa = -1/3
+    assert order_kappa([1, 2, 3], [2, 3, 1]) == pytest.approx(-1 / 3)
+
+
+def test_order_kappa_matches_sklearn_and_kendall_tau():
     rng = random.Random(4)
-    checked = 0
     for _ in range(200):
-        n = rng.randint(3, 8)
+        n = rng.randint(2, 8)
         a, b = random_perm(rng, n), random_perm(rng, n)
         x, y = pairwise_relations(a), pairwise_relations(b)
-        if len(set(x)) == 1 and len(set(y)) == 1:
-            continue  # sklearn is undefined (NaN) there
         assert order_kappa(a, b) == pytest.approx(cohen_kappa_score(x, y))
-        checked += 1
-    assert checked > 150
+        # every encoding is half ones, so p_e = 1/2 and kappa = 2 p_o - 1 = Kendall's tau
+        pos_a = [a.index(i) for i in range(n)]
+        pos_b = [b.index(i) for i in range(n)]
+        assert order_kappa(a, b) == pytest.approx(kendalltau(pos_a, pos_b).statistic)
 
 
 def test_order_kappa_degenerate_cases():
-    assert order_kappa([0, 1, 2], [0, 1, 2]) == 1.0      # expected agreement 1, observed 1
+    assert order_kappa([0, 1, 2], [0, 1, 2]) == 1.0
     assert order_kappa([2, 1, 0], [2, 1, 0]) == 1.0
-    assert order_kappa([0, 1, 2], [2, 1, 0]) == pytest.approx(0.0)
+    assert order_kappa([0, 1, 2], [2, 1, 0]) == pytest.approx(-1.0)
+    assert order_kappa([0, 1], [1, 0]) == pytest.approx(-1.0)
     assert order_kappa([7], [7]) == 1.0
     with pytest.raises(ValueError):
         order_kappa([0, 1, 2], [0, 1, 3])
@@ -303,3 +423,21 @@ def test_ordering_metric_states_are_fixed_sums():
     assert float(out["n_single"]) == 1 and float(out["n_multi"]) == 1 and float(out["dag/n"]) == 1
     with pytest.raises(ValueError):
         metric.update([[0, 0]], [[[0, 1]]])
+
+
+def test_score_predictions_script_reference_selection(tmp_path, monkeypatch, capsys):
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "predictions_test.jsonl"
+    path.write_text(json.dumps({"pred": [0, 1, 2, 3], "references": [[0, 2, 1, 3], [3, 1, 2, 0]]}) + "\n")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "score_predictions.py"
+    rows = {}
+    for rule in ("joint", "wu2022"):
+        monkeypatch.setattr(sys, "argv", [str(script), str(path), "--reference-selection", rule])
+        runpy.run_path(str(script), run_name="__main__")
+        rows[rule] = capsys.readouterr().out.strip().splitlines()[-1].split("|")[2:-1]  # acc pmr dist lcs lcstr tau ...
+    assert [float(v) for v in rows["joint"][:6]] == pytest.approx([0.5, 0.0, 2.0, 3.0, 1.0, 2 / 3], abs=1e-4)
+    assert [float(v) for v in rows["wu2022"][:6]] == pytest.approx([0.5, 0.0, 6.0, 2.0, 2.0, -2 / 3], abs=1e-4)

@@ -60,7 +60,7 @@ def test_mistyped_key_fails_with_hydras_error(compose_train):
 
 def test_wu2022_preset_rows(compose_train):
     cfg = compose_train("experiment=order_baseline", "hparams=wu2022")
-    assert cfg.model.optimizer._target_ == "torch.optim.Adam"
+    assert cfg.model.optimizer._target_ == "torch.optim.AdamW" and cfg.model.optimizer.weight_decay == 0.0  # tests/test_wu2022_preset.py
     assert cfg.model.optimizer.lr == 5e-6 and cfg.trainer.max_epochs == 10 and cfg.data.batch_size == 4
     cfg = compose_train("experiment=order_baseline", "hparams=wu2022", "stage=pretrain")
     assert cfg.model.optimizer.lr == 1e-5 and cfg.trainer.max_epochs == 5

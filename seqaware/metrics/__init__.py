@@ -6,6 +6,7 @@ The ordering metrics are re-exported here; the task-metric modules are imported 
 from seqaware.metrics.ordering import (
     DAG_KEYS,
     ORDER_KEYS,
+    REFERENCE_SELECTIONS,
     corpus_order_metrics,
     dag_order_metrics,
     order_kappa,
@@ -29,6 +30,7 @@ __all__ = [
     "DAG_KEYS",
     "ORDER_KEYS",
     "OrderingMetrics",
+    "REFERENCE_SELECTIONS",
     "corpus_order_metrics",
     "dag_order_metrics",
     "order_kappa",

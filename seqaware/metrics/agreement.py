@@ -2,8 +2,9 @@
 
 * Orders: Cohen's kappa on pairwise-relation encodings (:func:`seqaware.metrics.ordering.order_kappa`,
   Wu et al. 2022, appendix B.3.1), averaged over annotator pairs (:func:`mean_pairwise_kappa`),
-  and the agreement of annotators who each mark several alternative orders valid
-  (:func:`alternative_order_agreement`).
+  and the agreement of annotators who each mark several alternative orders valid: Algorithm 1 of
+  appendix B.3.2 (:func:`alternative_order_agreement`, built from :func:`relation_difference`,
+  :func:`difference_kappa` and :func:`alternative_order_pair_scores`).
 * DAGs: MASI distance (Passonneau 2006) between the out-node sets of each node, as used by MATEO
   to compare dependency annotations (:func:`masi_distance`, :func:`dag_masi_agreement`).
 * :func:`procedure_statistics`: size and structure of a set of procedures.
@@ -17,7 +18,7 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from seqaware import dag as dag_utils
-from seqaware.metrics.ordering import binary_kappa, order_kappa, pairwise_relations
+from seqaware.metrics.ordering import _as_order, _gold_positions, binary_kappa, order_kappa, pairwise_relations
 
 
 # ---------------------------------------------------------------- orders
@@ -39,47 +40,104 @@ def mean_pairwise_kappa(orders_by_annotator: Mapping[Any, Sequence[Hashable]] | 
     return float(np.mean([order_kappa(a, b, items) for a, b in itertools.combinations(orders, 2)]))
 
 
-def majority_relations(alternatives: Sequence[Sequence[Hashable]], items: Sequence[Hashable] | None = None) -> np.ndarray:
-    """An annotator's pairwise-relation encoding: the majority over the orders they marked valid.
+def _check_order(order: Any, gold: list, where: str) -> list:
+    """``order`` as a list, after checking it orders exactly the items of ``gold`` (``where`` names it)."""
+    try:
+        order = _as_order(order, where)
+        _gold_positions(order, gold)
+    except ValueError as err:
+        raise ValueError(f"{where}: {order!r} is not an order of the gold order's items {gold!r} ({err})") from None
+    return order
 
-    For each pair (in the pair order of :func:`pairwise_relations`), 1 if more than half of the
-    annotator's alternatives put the first item before the second, 0 if fewer than half; on an
-    exact tie the relation of the annotator's *first* alternative is kept (annotators usually list
-    the order they started from first).
+
+def relation_difference(order: Sequence[Hashable], gold: Sequence[Hashable],
+                        items: Sequence[Hashable] | None = None) -> np.ndarray:
+    """``R^diff_{og,o} = |R(og) - R(o)|`` (Wu et al. 2022, appendix B.3.2): 1 on the ordered pairs
+    whose relation ``order`` flips with respect to ``gold`` (:func:`pairwise_relations` encoding).
+
+    Example (B.3.2): gold 123, order 132 -> ``|110100 - 110001| = 000101``.
     """
-    if not alternatives:
-        raise ValueError("an annotator needs at least one order")
-    canonical = list(items) if items is not None else sorted(alternatives[0])
-    encodings = np.stack([pairwise_relations(order, canonical) for order in alternatives])
-    votes = 2 * encodings.sum(axis=0) - len(alternatives)  # > 0: majority says "before"
-    return np.where(votes > 0, 1, np.where(votes < 0, 0, encodings[0])).astype(np.int64)
+    canonical = list(items) if items is not None else None
+    return np.abs(pairwise_relations(gold, canonical) - pairwise_relations(order, canonical))
+
+
+def difference_kappa(order_a: Sequence[Hashable], order_b: Sequence[Hashable], gold: Sequence[Hashable],
+                     items: Sequence[Hashable] | None = None) -> float:
+    """The scoring function ``f`` of Algorithm 1 (Wu et al. 2022, appendix B.3.2).
+
+    Cohen's kappa (:func:`seqaware.metrics.ordering.binary_kappa`) between ``R^diff_{og,a}`` and
+    ``R^diff_{og,b}`` retaining only the union of the positions where either order differs from
+    the gold order. Example (B.3.2): gold 123, a = 132 (``000101``), b = 213 (``101000``): the
+    union is positions {1, 3, 4, 6} (1-based), the lists are ``0011`` and ``1100`` and kappa is -1.
+
+    Conventions (those of ``binary_kappa``): an empty union (both orders equal the gold order)
+    gives 1.0; identical differences give 1.0. The unmatched-order penalty of Algorithm 1,
+    ``f(og, o)``, is ``difference_kappa(gold, o, gold)``: the gold order has no differences, so
+    the lists are all 0 vs all 1 and the penalty is 0.0 (1.0 if ``o`` is the gold order itself).
+    """
+    diff_a = relation_difference(order_a, gold, items)
+    diff_b = relation_difference(order_b, gold, items)
+    union = (diff_a == 1) | (diff_b == 1)
+    return binary_kappa(diff_a[union], diff_b[union])
+
+
+def alternative_order_pair_scores(orders_i: Sequence[Sequence[Hashable]], orders_j: Sequence[Sequence[Hashable]],
+                                  gold: Sequence[Hashable], items: Sequence[Hashable] | None = None) -> list[float]:
+    """The scores Algorithm 1 (Wu et al. 2022, appendix B.3.2, lines 4-14) adds for one pair of annotators.
+
+    ``orders_i`` / ``orders_j``: the (non-empty) lists of alternative orders two annotators marked
+    for one instance. The shorter series plays ``{a_i}`` (line 5; on equal lengths the first
+    argument does). While it is not empty (lines 6-11), the best-matching pair ``(m, n)``
+    maximising :func:`difference_kappa` over the remaining orders of both series is scored and
+    both orders are removed (each order is matched at most once; on equal scores the first ``m``,
+    then the first ``n`` wins). Each order left in the longer series scores the penalty
+    ``f(og, o)`` against the gold order (lines 12-14). Returns the scores in the order they were
+    added: ``max(K_i, K_j)`` of them.
+    """
+    series_i, series_j = list(orders_i), list(orders_j)
+    if len(series_i) > len(series_j):  # line 5: assume K_i < K_j, otherwise swap
+        series_i, series_j = series_j, series_i
+    scores = np.array([[difference_kappa(a, b, gold, items) for b in series_j] for a in series_i], dtype=float)
+    free_i = np.ones(len(series_i), dtype=bool)
+    free_j = np.ones(len(series_j), dtype=bool)
+    out: list[float] = []
+    while free_i.any():  # lines 6-11: best matching pairs
+        masked = np.where(free_i[:, None] & free_j[None, :], scores, -np.inf)
+        m, n = np.unravel_index(int(np.argmax(masked)), masked.shape)  # first maximum in row-major order
+        out.append(float(scores[m, n]))
+        free_i[m] = free_j[n] = False
+    for n in np.flatnonzero(free_j):  # lines 12-14: unmatched orders against the gold order (penalty)
+        out.append(difference_kappa(gold, series_j[n], gold, items))
+    return out
 
 
 def alternative_order_agreement(alternatives_by_annotator: Mapping[Any, Sequence[Sequence[Hashable]]] | Sequence[Sequence[Sequence[Hashable]]],
-                                items: Sequence[Hashable] | None = None) -> float:
-    """Agreement of annotators who each marked one or more orders of an instance valid.
+                                gold: Sequence[Hashable], items: Sequence[Hashable] | None = None) -> float:
+    """Agreement of annotators who each marked one or more alternative orders of one instance valid.
 
-    Our reading of Wu et al. (2022), Algorithm 1 (alternative-order annotation agreement): the
-    paper measures agreement with Cohen's kappa on the pairwise-relation encoding of orders
-    (appendix B.3.1), and an annotator who proposes several alternatives expresses, for each pair
-    of steps, the relation that most of those alternatives share. So:
+    Algorithm 1 of Wu et al. (2022), appendix B.3.2, as written: for every pair of annotators
+    ``i < j`` the scores of :func:`alternative_order_pair_scores` (best-matching pairs scored
+    with :func:`difference_kappa` on the relation differences to ``gold``, plus a penalty for each
+    unmatched order) are collected into one list ``S``, and the result is ``mean(S)`` (line 17:
+    pooled over all annotator pairs, so a pair with more orders weighs more). The corpus IAA is
+    the mean of this value over instances (B.3.1).
 
-    1. each annotator's set of valid orders is reduced to one encoding by a per-pair majority
-       vote (:func:`majority_relations`; ties keep the annotator's first order);
-    2. Cohen's kappa (:func:`binary_kappa`, the same formula and edge cases as ``order_kappa``)
-       is computed between every pair of annotators' encodings;
-    3. the agreement is the mean over annotator pairs.
-
-    With one order per annotator this is exactly :func:`mean_pairwise_kappa`. We chose the
-    majority encoding (rather than, e.g., a per-pair "either order allowed" third class) because
-    it keeps kappa binary and comparable with the single-order agreement.
+    ``alternatives_by_annotator``: ``annotator -> list of orders`` or a list of such lists
+    (>= 2 annotators, each with >= 1 order of the items of ``gold``).
     """
     annotators = _annotator_values(alternatives_by_annotator)
-    if any(not alternatives for alternatives in annotators):
-        raise ValueError("every annotator needs at least one order")
-    canonical = list(items) if items is not None else sorted(annotators[0][0])
-    encodings = [majority_relations(alternatives, canonical) for alternatives in annotators]
-    return float(np.mean([binary_kappa(a, b) for a, b in itertools.combinations(encodings, 2)]))
+    names = list(alternatives_by_annotator) if isinstance(alternatives_by_annotator, Mapping) else list(range(len(annotators)))
+    gold = _as_order(gold, "gold")
+    _gold_positions(gold, gold)  # no duplicates
+    checked = []
+    for name, orders in zip(names, annotators):
+        if isinstance(orders, (str, bytes)) or not isinstance(orders, Sequence) or not len(orders):
+            raise ValueError(f"annotator {name!r}: needs a non-empty list of orders, got {orders!r}")
+        checked.append([_check_order(o, gold, f"annotator {name!r}, order {k}") for k, o in enumerate(orders)])
+    scores: list[float] = []
+    for series_i, series_j in itertools.combinations(checked, 2):
+        scores.extend(alternative_order_pair_scores(series_i, series_j, gold, items))
+    return float(np.mean(scores))
 
 
 # ---------------------------------------------------------------- DAGs: MASI

@@ -24,7 +24,8 @@ an instance is also scored against the pairs the DAG constrains (:func:`dag_orde
 without enumerating the DAG's orders.
 
 :func:`pairwise_relations` and :func:`order_kappa` implement the pairwise-relation encoding of an
-order and Cohen's kappa between two orders (Wu et al. 2022, appendix B.3.1).
+order over all ``n (n - 1)`` ordered pairs and Cohen's kappa between two orders (Wu et al. 2022,
+appendix B.3.1).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from seqaware import dag as dag_utils
 __all__ = [
     "ORDER_KEYS",
     "DAG_KEYS",
+    "REFERENCE_SELECTIONS",
     "order_metrics",
     "select_reference",
     "dag_order_metrics",
@@ -139,25 +141,77 @@ def order_metrics(pred: Sequence[Hashable], gold: Sequence[Hashable]) -> dict[st
     }
 
 
-def _selection_key(scores: dict[str, float]) -> tuple[float, ...]:
-    return (scores["pmr"], scores["acc"], scores["tau"], scores["lcs"], scores["lcstr"], -scores["dist"])
+#: Rules of :func:`select_reference`: ``joint`` (seqaware's default) and ``wu2022`` (the authors' code).
+REFERENCE_SELECTIONS = ("joint", "wu2022")
 
 
-def select_reference(pred: Sequence[Hashable], references: Sequence[Sequence[Hashable]]) -> tuple[int, dict[str, float]]:
+def _minimum_swaps(p: Sequence[int], weighted: bool = False) -> int:
+    """Minimum number of swaps that sort ``p`` (``n`` minus the number of cycles of the permutation).
+
+    With ``weighted``: each cycle of length ``c`` adds ``(c - 1) * |p[i] - i|`` where ``i`` is the
+    cycle's smallest position -- the "wms" of Wu et al.'s released ``trainers/metrics.py`` (``MS``
+    with ``weighted=True``); used here only as a tie-breaker of ``reference_selection=wu2022``.
+    ``p[k]`` is the gold position of the k-th predicted item (as returned by ``_gold_positions``).
+    """
+    # the authors' MS walks the permutation k -> (position in pred of gold[k]), the inverse of p
+    inverse = [0] * len(p)
+    for k, pk in enumerate(p):
+        inverse[pk] = k
+    seen = [False] * len(p)
+    total = 0
+    for start in range(len(p)):
+        if seen[start] or inverse[start] == start:
+            continue
+        size, k = 0, start
+        while not seen[k]:
+            seen[k] = True
+            k = inverse[k]
+            size += 1
+        total += (size - 1) * (abs(inverse[start] - start) if weighted else 1)
+    return total
+
+
+def _selection_key(scores: dict[str, float], p: Sequence[int], rule: str) -> tuple[float, ...]:
+    """The tuple :func:`select_reference` maximises (lexicographically) under ``rule``."""
+    if rule == "joint":
+        return (scores["pmr"], scores["acc"], scores["tau"], scores["lcs"], scores["lcstr"], -scores["dist"])
+    # wu2022: Wu et al.'s released code, trainers/metrics.py, multiref_metrics(..., multiref_metrics="max"):
+    # the per-reference tuple follows METRICS = [partial_match (Acc), exact_match (PMR), lcs_substr,
+    # lcs, tau, ms, wms, distance_based] and `sorted(metric_list, reverse=True)[0]` is kept -- every
+    # entry is maximised, minimum swaps and Dist included (they only break ties of the first five);
+    # the sort is stable, so on a full tie the first listed reference wins.
+    return (scores["acc"], scores["pmr"], scores["lcstr"], scores["lcs"], scores["tau"],
+            float(_minimum_swaps(p)), float(_minimum_swaps(p, weighted=True)), scores["dist"])
+
+
+def _check_reference_selection(rule: Any) -> str:
+    if rule not in REFERENCE_SELECTIONS:
+        raise ValueError(f"reference_selection must be one of {REFERENCE_SELECTIONS}, got {rule!r}")
+    return rule
+
+
+def select_reference(pred: Sequence[Hashable], references: Sequence[Sequence[Hashable]],
+                     reference_selection: str = "joint") -> tuple[int, dict[str, float]]:
     """The reference a prediction is scored against, as ``(index, order_metrics(pred, ref))``.
 
-    Rule: the one reference that is best *jointly*, i.e. the maximum of the tuple
-    ``(pmr, acc, tau, lcs, lcstr, -dist)`` compared lexicographically (a perfect match first,
-    then the most positions right, then the highest tau, ...); on a full tie the reference
-    listed first wins. All metrics of the instance then come from that single reference
-    (no per-metric cherry-picking).
+    All metrics of the instance then come from that single reference (no per-metric
+    cherry-picking). ``reference_selection`` picks the rule; both maximise a tuple of metrics
+    compared lexicographically, and on a full tie the reference listed first wins:
+
+    * ``joint`` (default): ``(pmr, acc, tau, lcs, lcstr, -dist)`` -- a perfect match first, then
+      the most positions right, then the highest tau, ...;
+    * ``wu2022``: the rule of Wu et al.'s released evaluation (``trainers/metrics.py``,
+      ``multiref_metrics``): ``(acc, pmr, lcstr, lcs, tau, ms, wms, dist)`` where ``ms``/``wms``
+      are the (weighted) minimum numbers of swaps; the last three only break ties of the first
+      five and, as in that code, are maximised too.
     """
+    rule = _check_reference_selection(reference_selection)
     if isinstance(references, (str, bytes)) or not isinstance(references, Iterable):
         raise ValueError(f"references must be a list of one or more orders, got {references!r}")
     references = list(references)
     if not references:
         raise ValueError("references must hold at least one order")
-    best_index, best_scores = -1, None
+    best_index, best_scores, best_key = -1, None, None
     for index, ref in enumerate(references):
         if not isinstance(ref, (list, tuple, np.ndarray, torch.Tensor)):
             raise ValueError(
@@ -165,8 +219,9 @@ def select_reference(pred: Sequence[Hashable], references: Sequence[Sequence[Has
                 "pass references as a list of orders, e.g. [[0, 1, 2]]"
             )
         scores = order_metrics(pred, ref)
-        if best_scores is None or _selection_key(scores) > _selection_key(best_scores):
-            best_index, best_scores = index, scores
+        key = _selection_key(scores, _gold_positions(pred, ref) if rule == "wu2022" else (), rule)
+        if best_key is None or key > best_key:
+            best_index, best_scores, best_key = index, scores, key
     return best_index, best_scores
 
 
@@ -212,10 +267,10 @@ class _InstanceScores:
     dag: dict[str, float] | None     # None unless the instance has a DAG with >= 1 edge
 
 
-def _score_instance(pred: Any, references: Any, dag: Any = None) -> _InstanceScores:
+def _score_instance(pred: Any, references: Any, dag: Any = None, reference_selection: str = "joint") -> _InstanceScores:
     if isinstance(references, (np.ndarray, torch.Tensor)):
         references = references.tolist()
-    index, multi = select_reference(pred, references)
+    index, multi = select_reference(pred, references, reference_selection)
     single = multi if index == 0 else order_metrics(pred, references[0])
     dag_scores = None
     if dag is not None:
@@ -237,8 +292,10 @@ def _empty_totals() -> dict[str, np.ndarray]:
     return totals
 
 
-def _accumulate(preds: Sequence, references: Sequence, dags: Sequence | None = None) -> dict[str, np.ndarray]:
+def _accumulate(preds: Sequence, references: Sequence, dags: Sequence | None = None,
+                reference_selection: str = "joint") -> dict[str, np.ndarray]:
     """Score every instance and sum the scores into :func:`_empty_totals` buckets."""
+    _check_reference_selection(reference_selection)
     preds, references = list(preds), list(references)
     if len(preds) != len(references):
         raise ValueError(f"got {len(preds)} predictions but {len(references)} reference lists")
@@ -250,7 +307,7 @@ def _accumulate(preds: Sequence, references: Sequence, dags: Sequence | None = N
     totals = _empty_totals()
     for i, (pred, refs, dag) in enumerate(zip(preds, references, dags)):
         try:
-            scores = _score_instance(pred, refs, dag)
+            scores = _score_instance(pred, refs, dag, reference_selection)
         except ValueError as err:
             if type(err) is ValueError:  # name the instance; keep subclasses (CycleError) as they are
                 raise ValueError(f"instance {i}: {err}") from err
@@ -289,6 +346,7 @@ def corpus_order_metrics(
     preds: Sequence[Sequence[Hashable]],
     references: Sequence[Sequence[Sequence[Hashable]]],
     dags: Sequence[tuple[int, Iterable] | None] | None = None,
+    reference_selection: str = "joint",
 ) -> dict[str, float]:
     """Corpus averages of the ordering metrics, with multiple references and optional DAGs.
 
@@ -298,13 +356,16 @@ def corpus_order_metrics(
             ("gold") order.
         dags: optional, per instance ``(num_steps, edges)`` or None; predictions of instances
             with a DAG must be orders of the ints ``0 .. num_steps - 1``.
+        reference_selection: ``joint`` (default) or ``wu2022``: which reference each instance is
+            scored against (:func:`select_reference`).
 
     Returns a dict of floats:
 
     * ``acc, pmr, dist, lcs, lcstr, tau`` -- multi-reference averages: each instance is scored
-      against ONE reference, the jointly best one -- the maximum of
-      ``(pmr, acc, tau, lcs, lcstr, -dist)`` compared lexicographically, the first listed
-      reference on ties (:func:`select_reference`);
+      against ONE reference, picked by ``reference_selection`` (:func:`select_reference`):
+      ``joint`` maximises ``(pmr, acc, tau, lcs, lcstr, -dist)``, ``wu2022`` the tuple of
+      Wu et al.'s released code ``(acc, pmr, lcstr, lcs, tau, ...)``; the first listed
+      reference wins full ties;
     * ``single/<metric>`` -- averages against the first reference only;
     * ``subset_single/<metric>`` and ``subset_multi/<metric>`` -- the multi-reference averages
       over the instances with exactly one reference and with more than one (Wu et al. 2022,
@@ -316,7 +377,7 @@ def corpus_order_metrics(
 
     An empty corpus returns only the (zero) counts.
     """
-    return _finalize(_accumulate(preds, references, dags))
+    return _finalize(_accumulate(preds, references, dags, reference_selection))
 
 
 # ---------------------------------------------------------------- pairwise relations and kappa
@@ -333,20 +394,22 @@ def _item_order(order: list, items: Sequence[Hashable] | None) -> list:
 
 
 def pairwise_relations(order: Sequence[Hashable], items: Sequence[Hashable] | None = None) -> np.ndarray:
-    """Pairwise-relation encoding of an order (Wu et al. 2022, appendix B.3.1).
+    """Pairwise-relation one-hot encoding of an order (Wu et al. 2022, appendix B.3.1).
 
     With the items in a canonical order ``u_0, ..., u_{n-1}`` (``items`` if given, else the
-    sorted items), every unordered pair ``(u_a, u_b)`` with ``a < b`` is enumerated as
-    ``(0, 1), (0, 2), ..., (0, n-1), (1, 2), ...`` (``itertools.combinations`` order) and encoded
-    as 1 if ``u_a`` comes before ``u_b`` in ``order``, else 0. Returns an int64 array of length
-    ``C(n, 2)``.
+    sorted items), every *ordered* pair ``(u_a, u_b)``, ``a != b``, is enumerated in
+    lexicographic order ``(0, 1), (0, 2), ..., (0, n-1), (1, 0), (1, 2), ..., (n-1, n-2)`` and
+    encoded as 1 iff ``u_a`` comes before ``u_b`` in ``order``. Returns an int64 array of length
+    ``n (n - 1)``, half of it ones. This is the paper's enumeration: for items 1, 2, 3 the pairs
+    are {12, 13, 21, 23, 31, 32}, R123 = 110100 and R231 = 001110 (B.3.1).
     """
     order = _as_order(order, "order")
     canonical = _item_order(order, items)
     _gold_positions(order, canonical)  # validates the order itself (duplicates, membership)
     where = {item: k for k, item in enumerate(order)}
     position = np.array([where[item] for item in canonical], dtype=np.int64)
-    first, second = np.triu_indices(len(canonical), k=1)
+    n = len(canonical)
+    first, second = np.nonzero(~np.eye(n, dtype=bool))  # row-major: (a, b) in lexicographic order
     return (position[first] < position[second]).astype(np.int64)
 
 
@@ -355,10 +418,11 @@ def order_kappa(order_a: Sequence[Hashable], order_b: Sequence[Hashable], items:
 
     ``kappa = (p_o - p_e) / (1 - p_e)`` with ``p_o`` the share of pairs on which the encodings
     agree and ``p_e = q_a q_b + (1 - q_a)(1 - q_b)`` the agreement expected by chance, ``q_a`` and
-    ``q_b`` being the shares of 1s in each encoding. If ``p_e == 1`` (both encodings constant)
-    kappa is undefined; we return 1.0 if the encodings agree everywhere (``p_o == 1``) else 0.0.
-    With fewer than two items there is no pair and the result is 1.0. The pair order is fixed by
-    ``items`` (default: the sorted items), see :func:`pairwise_relations`.
+    ``q_b`` being the shares of 1s in each encoding (Wu et al. 2022, B.3.1). Both encodings hold
+    every ordered pair, so ``q_a = q_b = 1/2``, ``p_e = 1/2`` and ``kappa = 2 p_o - 1``, which
+    equals Kendall's tau between the orders: (1 2 3) vs (1 3 2) gives 1/3, (1 2 3) vs (3 2 1)
+    gives -1. With fewer than two items there is no pair and the result is 1.0. The pair order
+    is fixed by ``items`` (default: the sorted items), see :func:`pairwise_relations`.
     """
     a = _as_order(order_a, "order_a")
     b = _as_order(order_b, "order_b")

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import torch
 from torchmetrics import Metric
 
-from seqaware.metrics.ordering import _ORDER_GROUPS, _accumulate, _empty_totals, _finalize
+from seqaware.metrics.ordering import _ORDER_GROUPS, _accumulate, _check_reference_selection, _empty_totals, _finalize
 
 
 class OrderingMetrics(Metric):
@@ -21,7 +21,8 @@ class OrderingMetrics(Metric):
     with ``dist_reduce_fx="sum"``, a fixed set of states, so it synchronises under DDP), and
     ``compute()`` returns the same dict as :func:`corpus_order_metrics` over every instance seen
     since the last ``reset()``, each value a 0-dim float64 tensor (ready for ``log_dict``).
-    Keys of empty subsets are absent.
+    Keys of empty subsets are absent. ``reference_selection`` (``joint`` | ``wu2022``) picks the
+    reference each instance is scored against, as in :func:`corpus_order_metrics`.
     """
 
     is_differentiable = False
@@ -31,15 +32,16 @@ class OrderingMetrics(Metric):
     #: state name -> accumulation group of :func:`_empty_totals`
     _STATES = {f"sum_{group}": group for group in (*_ORDER_GROUPS, "dag")} | {"counts": "counts"}
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, reference_selection: str = "joint", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.reference_selection = _check_reference_selection(reference_selection)
         for state, group in self._STATES.items():
             size = len(_empty_totals()[group])
             self.add_state(state, default=torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, preds: Sequence, references: Sequence, dags: Sequence | None = None) -> None:
         """Score a batch of instances and add their scores to the running sums."""
-        totals = _accumulate(preds, references, dags)
+        totals = _accumulate(preds, references, dags, self.reference_selection)
         for state, group in self._STATES.items():
             value = getattr(self, state)
             value += torch.as_tensor(totals[group], dtype=value.dtype, device=value.device)

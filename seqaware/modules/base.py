@@ -87,9 +87,9 @@ class OrderingEvalMixin:
     :attr:`test_predictions` (gathered over ranks) for ``train.py`` to write.
     """
 
-    def _init_eval(self) -> None:
-        self.val_metrics = OrderingMetrics()
-        self.test_metrics = OrderingMetrics()
+    def _init_eval(self, reference_selection: str = "joint") -> None:
+        self.val_metrics = OrderingMetrics(reference_selection=reference_selection)
+        self.test_metrics = OrderingMetrics(reference_selection=reference_selection)
         self.test_predictions: list[dict] = []
         self._test_buffer: list[dict] = []
 

@@ -41,11 +41,13 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         pair_chunk: pairs encoded per encoder call.
         checkpoint_chunks: activation checkpointing per chunk during training.
         head_lr: learning rate of the BERSON network (default: the optimiser's lr, as in BERSON).
+        reference_selection: ``joint`` | ``wu2022``: which reference of a multi-reference instance is
+            scored (:func:`seqaware.metrics.ordering.select_reference`).
     """
 
     def __init__(self, encoder: dict, optimizer: dict, decoder: Optional[dict] = None, scheduler: Optional[dict] = None,
                  decoding: str = "beam", beam_size: int = 16, pair_chunk: int = 128, checkpoint_chunks: bool = False,
-                 head_lr: Optional[float] = None):
+                 head_lr: Optional[float] = None, reference_selection: str = "joint"):
         super().__init__()
         if decoding not in POINTER_DECODERS and decoding not in PAIRWISE_DECODERS:
             raise ValueError(f"model.decoding must be one of {list(POINTER_DECODERS) + sorted(PAIRWISE_DECODERS)}, "
@@ -53,7 +55,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         self.save_hyperparameters({"encoder": as_container(encoder), "decoder": as_container(decoder or {}),
                                    "optimizer": as_container(optimizer), "scheduler": as_container(scheduler),
                                    "decoding": decoding, "beam_size": beam_size, "pair_chunk": pair_chunk,
-                                   "checkpoint_chunks": checkpoint_chunks, "head_lr": head_lr})
+                                   "checkpoint_chunks": checkpoint_chunks, "head_lr": head_lr,
+                                   "reference_selection": reference_selection})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
@@ -61,7 +64,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         self.beam_size = int(beam_size)
         self.pair_chunk = int(pair_chunk)
         self.checkpoint_chunks = bool(checkpoint_chunks)
-        self._init_eval()
+        self._init_eval(reference_selection)
 
     def param_groups(self) -> list[dict]:
         enc = [p for p in self.encoder.parameters() if p.requires_grad]

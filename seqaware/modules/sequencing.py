@@ -34,13 +34,15 @@ class PairwiseSequencingModule(OrderingEvalMixin, SeqawareModule):
     everything needed by ``PairwiseSequencingModule.load_from_checkpoint(path)``.
     """
 
-    def __init__(self, net: dict, optimizer: dict, scheduler: dict | None = None, decoder: str = "greedy"):
+    def __init__(self, net: dict, optimizer: dict, scheduler: dict | None = None, decoder: str = "greedy",
+                 reference_selection: str = "joint"):
         super().__init__()
         self.save_hyperparameters({"net": as_container(net), "optimizer": as_container(optimizer),
-                                   "scheduler": as_container(scheduler), "decoder": decoder})
+                                   "scheduler": as_container(scheduler), "decoder": decoder,
+                                   "reference_selection": reference_selection})
         self.net = instantiate(self.hparams.net)
         self.decoder = decoder
-        self._init_eval()
+        self._init_eval(reference_selection)  # joint | wu2022: see seqaware.metrics.ordering.select_reference
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None

@@ -6,8 +6,12 @@ sets may differ; each is the first ``M`` of an argsort of noise).  The k-th sele
 first image is exchanged with the k-th selected patch of the second.  A binary head on [CLS]
 predicts whether a swap happened.
 
-With a ``patch_mask`` only real patches are selected, and ``M`` is capped by the number of real
-patches of both images, so padding never moves.
+``w`` is the image's number of patches (Wu et al. 2022, sec. 4.2.2 "Patch-Based": "each image I_i is
+cropped into w patches ... we randomly select M (ranging from 1 to w) number of patches"), the
+default (``max_patches=None``).  With a ``patch_mask`` only real patches are selected and ``w`` is
+the smaller number of real patches of the two images, so padding never moves.  ``max_patches=K``
+(seqaware's earlier default, K = 7) is a named deviation: ``M`` is drawn from ``[1, K]`` and then
+clipped to the real patches of both images.  Everything is vectorised over the batch.
 """
 from __future__ import annotations
 
@@ -28,12 +32,14 @@ class PatchSwapPrediction(SwapClassificationObjective):
 
     name = "pisp"
 
-    def __init__(self, hidden_size: int, delta: float = 0.5, max_patches: int = 7,
+    def __init__(self, hidden_size: int, delta: float = 0.5, max_patches: Optional[int] = None,
                  head_hidden: Optional[int] = None):
         super().__init__(hidden_size, delta=delta, head_hidden=head_hidden)
-        if max_patches < 1:
-            raise ValueError(f"pisp: max_patches (w) must be >= 1, got {max_patches}")
-        self.max_patches = int(max_patches)
+        if max_patches is not None and (isinstance(max_patches, bool) or int(max_patches) != max_patches
+                                        or max_patches < 1):
+            raise ValueError(f"pisp: max_patches must be null (M ~ U[1, w], w = the image's patches, "
+                             f"Wu et al. 2022) or an integer >= 1, got {max_patches!r}")
+        self.max_patches = None if max_patches is None else int(max_patches)
 
     def corrupt(self, batch: dict, generator: torch.Generator) -> tuple[dict, dict]:
         feats = batch["visual_feats"]
@@ -47,8 +53,12 @@ class PatchSwapPrediction(SwapClassificationObjective):
         else:
             valid_a, valid_b = patch_mask[rows, first].bool(), patch_mask[rows, second].bool()
 
-        m = randint(1, self.max_patches + 1, (B,), generator, device)
-        m = torch.minimum(m, torch.minimum(valid_a.sum(1), valid_b.sum(1)))
+        w = torch.minimum(valid_a.sum(1), valid_b.sum(1))  # (B,) patches both images can give
+        if self.max_patches is None:  # paper: M ~ U[1, w] per sample
+            u = uniform((B,), generator, device).double()
+            m = torch.minimum((u * w).floor().long() + 1, w)  # floor(u w) in [0, w - 1]; 0 where w == 0
+        else:  # named deviation: M ~ U[1, max_patches], clipped to w
+            m = torch.minimum(randint(1, self.max_patches + 1, (B,), generator, device), w)
         swap = swap & (m > 0)  # an image without real patches cannot take part in a swap
         m = torch.where(swap, m, torch.zeros_like(m))
 

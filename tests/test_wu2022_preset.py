@@ -1,0 +1,91 @@
+"""hparams=wu2022: the recipe facts of Wu et al. 2022 (Table 11 + the authors' released scripts), composed
+with a fine-tuning and a pretraining experiment, and a fast_dev_run of each."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+import train
+from test_pretraining import tiny_pretrain
+from test_train import TINY_EXTRA
+
+
+def test_wu2022_optimizer_schedule_and_clipping(compose_train):
+    for stage, lr, epochs, warmup in (("finetune_multimodal", 5e-6, 10, 100), ("finetune_text", 5e-6, 5, 100),
+                                      ("finetune_image", 5e-6, 5, 100), ("pretrain", 1e-5, 5, 1000)):
+        cfg = compose_train("experiment=berson_finetune", "hparams=wu2022", f"stage={stage}")
+        opt = OmegaConf.to_container(cfg.model.optimizer, resolve=True)
+        assert opt == {"_target_": "torch.optim.AdamW", "lr": lr, "weight_decay": 0.0, "eps": 1e-8}
+        sched = OmegaConf.to_container(cfg.model.scheduler, resolve=True)
+        assert sched == {"_target_": "transformers.get_linear_schedule_with_warmup",
+                         "num_warmup_steps": warmup, "interval": "step"}
+        assert cfg.trainer.max_epochs == epochs and cfg.trainer.max_steps == -1
+        assert cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.gradient_clip_algorithm == "norm"
+        assert cfg.trainer.accumulate_grad_batches == 1 and cfg.data.batch_size == 4
+
+
+def test_wu2022_one_lr_for_every_parameter_and_wu2022_reference_selection(compose_train):
+    plain = compose_train("experiment=berson_finetune")
+    assert plain.model.head_lr == 1e-3 and plain.model.reference_selection == "joint"
+    cfg = compose_train("experiment=berson_finetune", "hparams=wu2022")
+    assert cfg.model.head_lr is None and cfg.model.reference_selection == "wu2022"
+    assert compose_train("experiment=berson_roc", "hparams=wu2022").model.head_lr is None
+    # the user can still choose on the command line
+    cfg = compose_train("experiment=order_baseline", "hparams=wu2022", "model.reference_selection=joint")
+    assert cfg.model.reference_selection == "joint"
+
+
+def test_wu2022_pretraining_composes_with_the_paper_pisp(compose_train):
+    cfg = compose_train("experiment=clip_image_pretrain", "hparams=wu2022")
+    assert cfg.stage == "pretrain" and cfg.model.optimizer.lr == 1e-5
+    assert cfg.model.scheduler.num_warmup_steps == 1000 and cfg.trainer.gradient_clip_val == 1.0
+    assert cfg.model.objectives.pisp.max_patches is None  # M ~ U[1, w] (sec. 4.2.2)
+    assert "reference_selection" not in cfg.model and "head_lr" not in cfg.model
+
+
+@pytest.mark.slow  # ~30 s on a 2-core CPU (MiniLM + EfficientNet-Lite0 are built twice)
+def test_wu2022_berson_finetune_fast_dev_run(compose_train):
+    cfg = compose_train("experiment=berson_finetune", "hparams=wu2022", "trainer.fast_dev_run=true",
+                        *TINY_EXTRA["berson_finetune"])
+    model = instantiate(cfg.model)
+    groups = model.param_groups()
+    assert all("lr" not in group for group in groups)  # every group takes the optimizer's lr 5e-6
+    assert model.test_metrics.reference_selection == "wu2022"
+    metrics = train.run(cfg)
+    for key in ("acc", "pmr", "dist", "lcs", "lcstr", "tau"):
+        assert f"test/{key}" in metrics
+
+
+def test_wu2022_pretraining_fast_dev_run(compose_train):
+    cfg = compose_train("experiment=roberta_pretrain", "hparams=wu2022", "trainer.fast_dev_run=true", *tiny_pretrain())
+    metrics = train.run(cfg)
+    assert torch.isfinite(torch.tensor(metrics["test/loss"]))
+
+
+def test_reference_selection_reaches_the_module_metrics(compose_train):
+    cfg = compose_train("experiment=order_baseline", "model.reference_selection=wu2022", "model.net.dim=16")
+    model = instantiate(cfg.model)
+    assert model.val_metrics.reference_selection == model.test_metrics.reference_selection == "wu2022"
+    assert model.hparams.reference_selection == "wu2022"
+
+
+def test_wu2022_linear_warmup_then_decay_on_the_optimizer(compose_train):
+    """The preset's scheduler as configure_optimizers builds it: lr rises linearly over the warm-up, then decays to 0."""
+    from hydra.utils import get_class
+
+    cfg = compose_train("experiment=order_baseline", "hparams=wu2022", "stage=finetune_text")
+    sched_cfg = OmegaConf.to_container(cfg.model.scheduler, resolve=True)
+    sched_cfg.pop("interval")
+    opt_cfg = OmegaConf.to_container(cfg.model.optimizer, resolve=True)
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = get_class(opt_cfg.pop("_target_"))([param], **opt_cfg)
+    scheduler = instantiate(sched_cfg, optimizer=optimizer, num_training_steps=300)
+    lrs = []
+    for _ in range(300):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == 0.0 and lrs[50] == pytest.approx(2.5e-6) and lrs[100] == pytest.approx(5e-6)
+    assert lrs[200] == pytest.approx(2.5e-6) and lrs[299] == pytest.approx(5e-6 / 200)
