@@ -186,8 +186,9 @@ class Problem:
     reason: str
 
     def __str__(self) -> str:
-        if self.line <= 0:  # a problem of the whole file (empty, given twice): no line, no record
-            return f"{self.file}: {self.field}: {self.reason}"
+        if self.line <= 0:  # a problem of a whole file (missing, empty, given twice): no line
+            record = f"{self.record_id}: " if self.record_id else ""
+            return f"{self.file}: {record}{self.field}: {self.reason}"
         return f"{self.file}:{self.line}: {self.record_id}: {self.field}: {self.reason}"
 
 
