@@ -311,3 +311,40 @@ def test_check_procedures_file_reports_every_problem_once(data):
         f"{path}:3: p3: split: record says split 'val' but data.train_path holds the train split",
         f"{path}:4: ?: json: not valid JSON: Expecting property name enclosed in double quotes (column 2)",
     ]
+
+
+def test_catbench_non_utf8_line_is_reported(tmp_path):
+    bad = json.dumps(question(question_idx=1)).encode().replace(b"Cook.", b"Cu\xefsez.")
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(json.dumps(question()).encode() + b"\n" + bad + b"\n")
+    with pytest.raises(ProcedureFormatError) as err:
+        read_catbench(path)
+    offset = bad.index(b"\xef") + 1
+    assert problems_of(err) == [f"{path}:2: ?: steps[1]: not valid UTF-8 (byte 0xef at byte {offset} of the line); "
+                                "save the file as UTF-8"]
+
+
+def test_teo_pairs_check_images_before_the_first_step(data):
+    from data_modules.teo_pairs import TeoPairsDataModule
+
+    corrupt_png(data / "bad.png")
+    train = write_jsonl(data / "train.jsonl", [dict(record("p1", images=("img.png", "bad.png")), dag=[[0, 1]])])
+    make = functools.partial(TeoPairsDataModule, functools.partial(jsonl_source), train_path=str(train))
+    with pytest.raises(ProcedureFormatError) as err:
+        make(modality="image_text").setup("fit")
+    assert problems_of(err)[0].startswith(f"{train}:1: p1: steps[1].images[0]: image does not decode: ")
+    dm = make(modality="text")  # the text modality never opens the images
+    dm.setup("fit")
+    assert len(dm.datasets["train"]) == 2  # the dependent pair 0 -> 1 in both presentations
+
+
+def test_validator_reports_an_empty_file_and_a_file_given_twice(data):
+    empty = write_jsonl(data / "val.jsonl", [])
+    train = write_jsonl(data / "train.jsonl", [record("p1")])
+    res = validate(str(train), str(empty), str(train))
+    assert res.returncode == 1
+    lines = res.stderr.splitlines()
+    assert lines[0] == (f"{train}: argument 3: the same file as argument 1: "
+                        "train and evaluation data must be distinct files")
+    assert f"{empty}: file: holds no procedures (an empty split)" in lines
+    assert f"{train}:1: p1: id: duplicate id (first seen at {train}:1)" in lines
