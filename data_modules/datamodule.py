@@ -138,7 +138,7 @@ class ProcedureDataModule(pl.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         if split not in self.datasets:
-            raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)})")
+            raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)}); set data.{split}_path or the source's {split} data")
         replicas, rank = 1, 0
         if self.trainer is not None:
             replicas, rank = self.trainer.world_size, self.trainer.global_rank

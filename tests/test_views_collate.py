@@ -90,13 +90,13 @@ def test_max_steps_boundary(root):
     # 2 steps is the smallest procedure kept; 1 is dropped
     two = SequencingView([_proc("two", 2, root), _proc("one", 1, root)], max_steps=2)
     assert [p.id for p in two.procedures] == ["two"] and two.dropped["fewer_than_2_steps"] == 1
-    with pytest.raises(ValueError, match="max_steps must be >= 2, got 1"):
+    with pytest.raises(ValueError, match="data.view.max_steps must be >= 2, got 1"):
         SequencingView([exact], max_steps=1)
-    with pytest.raises(ValueError, match="too_long must be 'truncate' or 'skip', got 'cut'"):
+    with pytest.raises(ValueError, match="data.view.too_long must be 'truncate' or 'skip', got 'cut'"):
         SequencingView([exact], too_long="cut")
     pre = PretrainingView([exact], max_steps=5, min_steps=5)
     assert [pre[(0, e)].step_index for e in range(3)] == [[0, 1, 2, 3, 4]] * 3
-    with pytest.raises(ValueError, match=r"need 2 <= min_steps <= max_steps, got 6, 5"):
+    with pytest.raises(ValueError, match=r"need 2 <= data.view.min_steps <= data.view.max_steps, got 6, 5"):
         PretrainingView([exact], max_steps=5, min_steps=6)
 
 
@@ -116,11 +116,11 @@ def test_collator_values_hand_computed(root, tokenizer):
     expected = tokenizer("Step c number 0. Second sentence. Third!")["input_ids"]
     assert ids[: len(expected)].tolist() == expected
     long_item = SequencingView([_proc("d", 3, root)], max_steps=3)[0]
-    with pytest.raises(ValueError, match="instance with 3 steps exceeds max_steps=2"):
+    with pytest.raises(ValueError, match="instance with 3 steps exceeds data.collator.max_steps=2"):
         coll([long_item])
-    with pytest.raises(ValueError, match="missing_image must be 'error' or 'blank', got 'skip'"):
+    with pytest.raises(ValueError, match="data.collator.missing_image must be 'error' or 'blank', got 'skip'"):
         StepCollator(tokenizer, missing_image="skip")
-    with pytest.raises(ValueError, match="use_text=True needs a tokenizer"):
+    with pytest.raises(ValueError, match=r"data.collator.use_text=true needs a tokenizer \(data.tokenizer\)"):
         StepCollator(None)
 
 
