@@ -52,6 +52,18 @@ def test_prepare_data_bad_input_exits_nonzero_with_message(tmp_path, capsys):
     assert "--option 'nokey': expected key=value" in capsys.readouterr().err
 
 
+def test_prepare_data_catbench_steps_string_is_reported_not_split_into_characters(tmp_path, capsys):
+    q = {"plan_idx": 3, "question_idx": 7, "question_type": "dependent_real_before", "direction": "before",
+         "steps": "Cut. Cook.", "first_step_idx": 0, "second_step_idx": 1, "label": "yes"}
+    src = tmp_path / "q.jsonl"
+    src.write_text(json.dumps(q) + "\n" + json.dumps(dict(q, question_idx=8, steps=["Cut.", "Cook."], first_step_idx=1.0)) + "\n")
+    assert load_script("prepare_data").main(["catbench", "--src", str(src), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"{src}:1: plan 3 question 7: steps: must be a list of non-empty step strings, got a str" in err
+    assert f"{src}:2: plan 3 question 8: first_step_idx: 1.0 is not a step index of the 2 steps (an integer 0..1)" in err
+    assert not (tmp_path / "out" / "test.jsonl").exists()
+
+
 def test_prepare_data_options_tasks_and_dataset_stats_in_process(tmp_path, capsys):
     from test_adapters import RFG_EDGES, RFG_TOKENS, write_rfg
 
