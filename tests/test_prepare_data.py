@@ -145,3 +145,17 @@ def test_read_roc_dev(shared_data):
     assert len(stories) == 9816
     assert all(s.num_steps == 5 for s in stories)
     assert stories[0].id == "dev-1" and stories[0].steps[0].text.startswith("one day , i was driving")
+
+
+def test_prepare_data_rejects_an_id_in_two_splits(tmp_path, capsys):
+    from data_modules.adapters.common import AdapterResult
+    from data_modules.adapters.prepare import check_ids_across_splits
+    from seqaware.procedure import Procedure, ProcedureFormatError, Step
+
+    result = AdapterResult()
+    for pid, split in (("a", "train"), ("b", "train"), ("a", "test"), ("b", "test-human"), ("c", "val")):
+        result.add(Procedure(id=pid, split=split, steps=[Step(text="x"), Step(text="y")]))
+    with pytest.raises(ProcedureFormatError) as err:
+        check_ids_across_splits(result, tmp_path / "src")
+    assert [str(p) for p in err.value.problems] == [f"{tmp_path / 'src'}: a: id: in both the train and the test split",
+                                                    f"{tmp_path / 'src'}: b: id: in both the train and the test-human split"]
