@@ -138,7 +138,8 @@ class ProcedureDataModule(pl.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         if split not in self.datasets:
-            raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)}); set data.{split}_path or the source's {split} data")
+            raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)}); "
+                             f"set data.{split}_path or the source's {split} data")
         replicas, rank = 1, 0
         if self.trainer is not None:
             replicas, rank = self.trainer.world_size, self.trainer.global_rank
@@ -153,7 +154,6 @@ class ProcedureDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", True, self.batch_size)
-
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("val", False, self.eval_batch_size)

@@ -220,7 +220,8 @@ def test_record_of_another_split_in_the_train_file(data):
     test = write_jsonl(data / "test.jsonl", [record("t1", "test-golden"), record("t2", "val")])
     res = validate(str(test))
     assert res.returncode == 1
-    assert res.stderr.splitlines()[0] == f"{test}:2: t2: split: record says split 'val' but the file name 'test.jsonl' holds the test split"
+    assert res.stderr.splitlines()[0] == (f"{test}:2: t2: split: record says split 'val' but the file name "
+                                          "'test.jsonl' holds the test split")
     assert len(res.stderr.splitlines()) == 2  # one problem + the summary: test-golden is fine in test.jsonl
 
 
@@ -273,7 +274,8 @@ def question(**changes) -> dict:
 
 
 CATBENCH_BAD = {
-    "steps as a string": ({"steps": "Cut. Cook."}, "plan 0 question 1: steps: must be a list of non-empty step strings, got a str"),
+    "steps as a string": ({"steps": "Cut. Cook."},
+                          "plan 0 question 1: steps: must be a list of non-empty step strings, got a str"),
     "non-integer index": ({"second_step_idx": "2"},
                           "plan 0 question 1: second_step_idx: '2' is not a step index of the 3 steps (an integer 0..2)"),
     "non-object line": ([0, 1], "?: record: expected a JSON object, got list"),
