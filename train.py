@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 
 import seqaware.config  # noqa: F401  (registers the config resolvers)
+from data_modules.datamodule import check_fit_saw_batches
 from seqaware.checkpoint_io import AtomicCheckpointIO
 from seqaware.io import format_test_metrics, write_jsonl
 
@@ -78,6 +79,7 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
     metrics: dict[str, float] = {}
     if cfg.get("train", True):
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        check_fit_saw_batches(trainer, datamodule)  # never test an untrained model as if it were trained
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     if cfg.get("test", True):
         ckpt = _best_checkpoint(trainer) if cfg.get("train", True) else cfg.get("ckpt_path")

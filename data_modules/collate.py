@@ -68,9 +68,9 @@ class StepCollator:
                  use_text: bool = True, use_images: bool = True, missing_image: str = "error", max_boxes: int = 0,
                  region_features: str | None = None):
         if missing_image not in ("error", "blank"):
-            raise ValueError(f"missing_image must be 'error' or 'blank', got {missing_image!r}")
+            raise ValueError(f"data.collator.missing_image must be 'error' or 'blank', got {missing_image!r}")
         if use_text and tokenizer is None:
-            raise ValueError("use_text=True needs a tokenizer")
+            raise ValueError("data.collator.use_text=true needs a tokenizer (data.tokenizer)")
         self.tokenizer = tokenizer
         self.max_steps = max_steps
         self.max_sentences = max_sentences
@@ -132,7 +132,7 @@ class StepCollator:
         batch_size = len(items)
         num_steps = max(len(it.steps) for it in items)
         if num_steps > self.max_steps:
-            raise ValueError(f"instance with {num_steps} steps exceeds max_steps={self.max_steps}")
+            raise ValueError(f"instance with {num_steps} steps exceeds data.collator.max_steps={self.max_steps}")
         step_mask = torch.zeros(batch_size, num_steps, dtype=torch.bool)
         gold = torch.full((batch_size, num_steps), -1, dtype=torch.long)
         for b, it in enumerate(items):

@@ -9,9 +9,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from data_modules.collate import StepCollator
+from data_modules.images import check_procedure_images
 from data_modules.views import EpochSampler, PretrainingView, SequencingView
 from seqaware.pretrained import load_tokenizer
-from seqaware.procedure import Procedure
+from seqaware.procedure import Procedure, ProcedureFormatError
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +34,21 @@ class ProcedureDataModule(pl.LightningDataModule):
         seed: seeds shuffling (per epoch) and the evaluation permutations.
         train_path / val_path / test_path: when set, passed on to the source (file-based sources
             such as ``jsonl`` and ``roc``), so users write ``data.train_path=...``.
+        allow_outside_images: accept image paths that resolve outside the data folder (the folder
+            of the procedures file); rejected by default.
+        verify_images: decode every image of every split in ``setup`` (before the first step), so
+            a corrupt image is reported up front instead of crashing an epoch. Only when images
+            are used and ``collator.missing_image=error``.
+        image_check_cache: folder remembering images that decoded (path + size + mtime), so the
+            check costs a ``stat`` per image the second time; None: no cache.
     """
 
     def __init__(self, source: Callable[[], dict[str, list[Procedure]]], task: str = "sequencing",
                  tokenizer: str | None = "offline:minilm", view: dict | None = None, collator: dict | None = None,
                  batch_size: int = 16, eval_batch_size: int | None = None, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, seed: int = 0,
-                 train_path: str | None = None, val_path: str | None = None, test_path: str | None = None):
+                 train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
+                 allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None):
         super().__init__()
         if task not in TASKS:
             raise ValueError(f"data.task must be one of {TASKS}, got {task!r}")
@@ -56,6 +65,10 @@ class ProcedureDataModule(pl.LightningDataModule):
         self.seed = seed
         self.source_paths = {k: v for k, v in
                              {"train_path": train_path, "val_path": val_path, "test_path": test_path}.items() if v is not None}
+        self.allow_outside_images = allow_outside_images
+        self.verify_images = verify_images
+        self.image_check_cache = image_check_cache
+        self.image_check_counts: dict[str, int] = {}
         self.datasets: dict[str, torch.utils.data.Dataset] = {}
         self._tokenizer = None
         self._collator: StepCollator | None = None
@@ -93,17 +106,40 @@ class ProcedureDataModule(pl.LightningDataModule):
         kwargs.pop("reference_limit", None)
         return PretrainingView(procedures, seed=self.seed, name=f"{split} pretraining", **kwargs)
 
+    def describe_split(self, split: str) -> str:
+        """Where a split comes from, as the config key a user sets (for error messages)."""
+        return describe_source(self.source, self.source_paths, split)
+
+    def _check_images(self, splits: dict[str, list[Procedure]]) -> None:
+        use_images = self.collator_kwargs.get("use_images", True)
+        decode = (self.verify_images and use_images and self.collator_kwargs.get("missing_image", "error") == "error")
+        procedures = [p for procs in splits.values() for p in procs]
+        hint = " (set data.collator.missing_image=blank to use a blank image instead)"
+        problems, self.image_check_counts = check_procedure_images(
+            procedures, self.image_check_cache, allow_outside=self.allow_outside_images, decode=decode, decode_hint=hint)
+        if decode:
+            log.info("image check: %s", self.image_check_counts)
+        if problems:
+            raise ProcedureFormatError(problems)
+
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
         splits = self._read_source()
+        self._check_images(splits)
         for split, procedures in splits.items():
-            self.datasets[split] = self._view(split, procedures)
+            view = self._view(split, procedures)
+            if len(view) == 0:
+                dropped = f" (read {len(procedures)}, dropped {view.dropped})" if procedures else ""
+                raise ValueError(f"{self.describe_split(split)}: the {split} split has no instances{dropped}; "
+                                 f"a run cannot {'train' if split == 'train' else 'evaluate'} on an empty split")
+            self.datasets[split] = view
         log.info("data: %s", {k: len(v) for k, v in self.datasets.items()})
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         if split not in self.datasets:
-            raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)})")
+            raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)}); "
+                             f"set data.{split}_path or the source's {split} data")
         replicas, rank = 1, 0
         if self.trainer is not None:
             replicas, rank = self.trainer.world_size, self.trainer.global_rank
@@ -124,3 +160,29 @@ class ProcedureDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", False, self.eval_batch_size)
+
+
+def describe_source(source: Any, paths: dict[str, str], split: str) -> str:
+    """``data.train_path=FILE``, ``data.source.src=FOLDER`` or the source's name, for messages."""
+    if f"{split}_path" in paths:
+        return f"data.{split}_path={paths[f'{split}_path']}"
+    keywords = getattr(source, "keywords", {}) or {}
+    if keywords.get("src"):
+        return f"data.source.src={keywords['src']} ({split} split)"
+    name = getattr(getattr(source, "func", source), "__name__", type(source).__name__)
+    return f"data.source ({name}, {split} split)"
+
+
+def check_fit_saw_batches(trainer: pl.Trainer, datamodule: pl.LightningDataModule) -> None:
+    """Raise naming the training data when ``trainer.fit`` completed no training batch.
+
+    Testing such a model would report metrics of an untrained network as if it had been trained.
+    A fit resumed from a finished checkpoint counts the batches of the run it resumes.
+    """
+    describe = getattr(datamodule, "describe_split", None)
+    train_data = describe("train") if describe else f"the train split of {type(datamodule).__name__}"
+    done = trainer.fit_loop.epoch_loop.batch_progress.total.completed
+    if done == 0:
+        raise RuntimeError(f"the fit saw no training batch ({train_data}); check that split, "
+                           f"trainer.limit_train_batches={trainer.limit_train_batches} and "
+                           f"trainer.max_epochs={trainer.max_epochs} / trainer.max_steps={trainer.max_steps}")

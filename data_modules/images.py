@@ -1,13 +1,18 @@
 """Reading step images: RGB, the middle frame of animations, resizing and normalisation."""
 from __future__ import annotations
 
+import json
 import logging
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+
+if TYPE_CHECKING:
+    from seqaware.procedure import Problem, Procedure
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +56,71 @@ class ImageTransform:
     def blank(self) -> torch.Tensor:
         """A mid-grey image after normalisation (what a missing image becomes under policy 'blank')."""
         return (torch.full((3, self.size, self.size), 0.5) - self.mean) / self.std
+
+
+# ---------------------------------------------------------------- checking every image before training
+IMAGE_CHECK_FILE = "decoded_images.json"
+"""File in the image-check cache folder: ``{absolute path: [size, mtime_ns]}`` of images that decoded."""
+
+
+def check_procedure_images(procedures: Sequence["Procedure"], cache_dir: str | Path | None = None,
+                           allow_outside: bool = False, decode: bool = True,
+                           decode_hint: str = "") -> tuple[list["Problem"], dict[str, int]]:
+    """Check every step image of ``procedures`` before training; returns ``(problems, counts)``.
+
+    * an image path resolving outside its procedure's data folder (the JSONL file's folder) is a
+      problem unless ``allow_outside`` (``data.allow_outside_images=true``);
+    * with ``decode``, every image is decoded completely (:func:`seqaware.procedure.image_decode_problem`).
+      Images that decoded are remembered in ``cache_dir/decoded_images.json`` keyed by absolute
+      path with file size and modification time, so a second run only ``stat``\\ s them; a changed
+      file is decoded again.
+
+    Problems read ``file:line: record id: steps[i].images[k]: reason`` (the procedure's origin).
+    ``counts``: ``images``, ``decoded`` (opened now) and ``cached`` (skipped thanks to the cache).
+    """
+    from seqaware.io import atomic_open
+    from seqaware.procedure import OUTSIDE_OPTION, Problem, image_decode_problem, outside_data_folder, resolve_path
+
+    cache_file = Path(cache_dir) / IMAGE_CHECK_FILE if cache_dir else None
+    known: dict[str, list[int]] = {}
+    if cache_file is not None and cache_file.is_file():
+        try:
+            known = json.loads(cache_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}  # a damaged cache is only a slower check
+    counts = {"images": 0, "decoded": 0, "cached": 0}
+    problems: list[Problem] = []
+    added = False
+    for proc in procedures:
+        file, line = proc.origin or (f"procedure {proc.id}", 0)
+        for i, step in enumerate(proc.steps):
+            for k, image in enumerate(step.images):
+                counts["images"] += 1
+                where = f"steps[{i}].images[{k}]"
+                if not allow_outside and outside_data_folder(image, proc.root):
+                    problems.append(Problem(file, max(line, 1), proc.id, where,
+                                            f"image path {image!r} resolves outside the data folder {proc.root} "
+                                            f"(set {OUTSIDE_OPTION} to allow it)"))
+                    continue
+                if not decode:
+                    continue
+                full = os.path.abspath(resolve_path(image, proc.root))
+                try:
+                    stat = os.stat(full)
+                    key = [stat.st_size, stat.st_mtime_ns]
+                except OSError:
+                    key = None
+                if key is not None and known.get(full) == key:
+                    counts["cached"] += 1
+                    continue
+                counts["decoded"] += 1
+                reason = image_decode_problem(full)
+                if reason:
+                    problems.append(Problem(file, max(line, 1), proc.id, where, reason + decode_hint))
+                elif key is not None:
+                    known[full] = key
+                    added = True
+    if added and cache_file is not None:
+        with atomic_open(cache_file) as handle:
+            json.dump(known, handle)
+    return problems, counts

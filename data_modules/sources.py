@@ -9,7 +9,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from seqaware.procedure import Procedure, read_procedures
+from seqaware.procedure import (
+    Problem,
+    Procedure,
+    ProcedureFormatError,
+    check_procedures_file,
+    check_split_files,
+    read_procedures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -17,16 +24,36 @@ SPLITS = ("train", "val", "test")
 
 
 def jsonl_source(train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
-                 check_images: bool = True) -> dict[str, list[Procedure]]:
-    """Procedures from prepared JSONL files (``scripts/prepare_data.py`` output), validated on read."""
-    paths = {"train": train_path, "val": val_path, "test": test_path}
+                 check_images: bool = True, check_splits: bool = True) -> dict[str, list[Procedure]]:
+    """Procedures from prepared JSONL files (``scripts/prepare_data.py`` output), validated on read.
+
+    Every problem of every file is reported at once as ``file:line: record id: field: reason``:
+    a missing file or an empty one (``data.<split>_path`` named), records whose ``split`` is not
+    the split of the option that names the file, one file given for two splits, and ids shared
+    between the files. ``check_splits=False`` (``data.source.check_splits=false``) allows the
+    last three, e.g. to evaluate on the training file on purpose.
+    """
+    paths = {split: path for split, path in (("train", train_path), ("val", val_path), ("test", test_path))
+             if path is not None}
+    for split, path in paths.items():
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"data.{split}_path: no such file: {path}")
+    problems: list[Problem] = []
+    if check_splits:
+        problems += check_split_files({f"data.{split}_path": path for split, path in paths.items()})
+    seen: dict[str, str] = {}
     out: dict[str, list[Procedure]] = {}
     for split, path in paths.items():
-        if path is None:
-            continue
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"data.source.{split}_path: no such file: {path}")
-        out[split] = read_procedures(path, check_images=check_images)
+        key = f"data.{split}_path"
+        procedures, found = check_procedures_file(
+            path, check_images=check_images, seen_ids=seen if check_splits else None,
+            expected_split=split if check_splits else None, split_key=key)
+        problems += found
+        if not procedures and not found:
+            problems.append(Problem(str(path), 0, "", key, f"the file holds no procedures: the {split} split is empty"))
+        out[split] = procedures
+    if problems:
+        raise ProcedureFormatError(problems)
     return out
 
 

@@ -13,7 +13,6 @@ sentence pair, a 3-way label, and CaT-Bench yes/no questions as the test set.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,6 +21,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from data_modules.adapters.catbench import check_question
+from data_modules.adapters.common import ProblemLog, iter_json_records
 from data_modules.collate import first_sentences
 from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs
 from seqaware.pretrained import load_tokenizer
@@ -35,32 +36,30 @@ CATBENCH_FIELDS = ("steps", "first_step_idx", "second_step_idx", "direction", "l
 
 
 def read_catbench(path: str | Path) -> list[dict[str, Any]]:
-    """CaT-Bench questions as pair items (errors name file, line and field)."""
+    """CaT-Bench questions as pair items.
+
+    Every line is checked like the CaT-Bench adapter checks it
+    (:func:`data_modules.adapters.catbench.check_question`: a JSON object, UTF-8, ``steps`` a list of
+    strings, integer step indices inside it, yes/no label, before/after direction); all problems
+    are raised together as ``file:line: plan P question Q: field: reason``.
+    """
     items = []
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data.eval_path: no such file: {path}")
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
+    log = ProblemLog()
+    for line_no, q in iter_json_records(path, log):
+        if not check_question(q, log, path, line_no, required=CATBENCH_FIELDS):
             continue
-        try:
-            q = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{line_no}: ?: json: {err.msg}") from None
         qid = f"{q.get('plan_idx', '?')}-{q.get('question_idx', line_no)}"
-        for field in CATBENCH_FIELDS:
-            if field not in q:
-                raise ValueError(f"{path}:{line_no}: {qid}: {field}: missing field")
-        direction, label = str(q["direction"]).lower(), str(q["label"]).strip().lower()
-        if direction not in ("before", "after") or label not in ("yes", "no"):
-            raise ValueError(f"{path}:{line_no}: {qid}: direction/label: expected before|after and yes|no, "
-                             f"got {q['direction']!r}, {q['label']!r}")
-        first, second = int(q["first_step_idx"]), int(q["second_step_idx"])
-        if not (0 <= first < len(q["steps"]) and 0 <= second < len(q["steps"])):
-            raise ValueError(f"{path}:{line_no}: {qid}: first_step_idx/second_step_idx: outside the {len(q['steps'])} steps")
+        direction, label = q["direction"].strip().lower(), q["label"].strip().lower()
+        first, second = q["first_step_idx"], q["second_step_idx"]
         a, b = (first, second) if direction == "before" else (second, first)
         items.append({"pair_id": qid, "text_a": q["steps"][a], "text_b": q["steps"][b], "direction": direction,
                       "answer": label, "plan": q.get("efg_recipe_id"), "question_type": q.get("question_type")})
+    log.raise_if_any()
+    if not items:
+        raise ValueError(f"data.eval_path={path}: the file holds no CaT-Bench questions")
     return items
 
 

@@ -36,10 +36,10 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data_modules.images import ImageLoadError, open_rgb
+from data_modules.images import ImageLoadError, check_procedure_images, open_rgb
 from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs
 from data_modules.views import EpochSampler
-from seqaware.procedure import Procedure, resolve_path
+from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
 from seqaware.teo import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
 from seqaware.teo.prompts import TEO_TARGET_FORMATS, build_teo_finetune_prompt, teo_answer
 from seqaware.teo.vlm import load_processor
@@ -284,6 +284,9 @@ class TeoPairsDataModule(pl.LightningDataModule):
         num_workers, pin_memory, persistent_workers: DataLoader settings.
         seed: pair shuffling, split and sampler seed.
         train_path / val_path / test_path: passed on to file-based sources (``data=jsonl``-style).
+        allow_outside_images, verify_images, image_check_cache: image checks before the first step,
+            as in :class:`data_modules.datamodule.ProcedureDataModule` (decoding only when the
+            modality shows images).
     """
 
     def __init__(self, source: Callable[..., dict[str, list[Procedure]]], processor: str = "tiny",
@@ -292,10 +295,13 @@ class TeoPairsDataModule(pl.LightningDataModule):
                  max_length: int | None = None, max_train_pairs: int | None = None, max_eval_pairs: int | None = None,
                  num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False, seed: int = 0,
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
-                 prompts_dir: str | None = None, prompt: str = "finetune", target_format: str = "mateo"):
+                 prompts_dir: str | None = None, prompt: str = "finetune", target_format: str = "mateo",
+                 allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None):
         super().__init__()
         check_prompt_options(modality, strategy, prompt, target_format)
         self.prompt, self.target_format = prompt, target_format
+        self.image_checks = {"allow_outside": allow_outside_images, "cache_dir": image_check_cache,
+                             "decode": verify_images and modality in ("image", "image_text")}
         self.source = source
         self.processor_name = processor
         self.modality, self.strategy = modality, strategy
@@ -339,7 +345,11 @@ class TeoPairsDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        for split, procs in self._splits().items():
+        splits = self._splits()
+        problems, _ = check_procedure_images([p for procs in splits.values() for p in procs], **self.image_checks)
+        if problems:
+            raise ProcedureFormatError(problems)
+        for split, procs in splits.items():
             roots = {p.id: p.root for p in procs}
             if split == "train":
                 pairs = [dict(p, set="train") for p in teo_training_pairs(procs, seed=self.seed)[: self.max_train_pairs]]

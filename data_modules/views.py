@@ -92,9 +92,9 @@ def reference_orders(num_steps: int, edges, alternatives, limit: int) -> tuple[l
 class _ProcedureView(Dataset):
     def __init__(self, procedures: Sequence[Procedure], max_steps: int = 5, too_long: str = "truncate", seed: int = 0, name: str = "view"):
         if too_long not in ("truncate", "skip"):
-            raise ValueError(f"too_long must be 'truncate' or 'skip', got {too_long!r}")
+            raise ValueError(f"data.view.too_long must be 'truncate' or 'skip', got {too_long!r}")
         if max_steps < 2:
-            raise ValueError(f"max_steps must be >= 2, got {max_steps}")
+            raise ValueError(f"data.view.max_steps must be >= 2, got {max_steps}")
         self.max_steps = int(max_steps)
         self.too_long = too_long
         self.seed = int(seed)
@@ -181,7 +181,7 @@ class PretrainingView(_ProcedureView):
                  seed: int = 0, name: str = "pretraining"):
         super().__init__(procedures, max_steps, "truncate", seed, name)
         if not 2 <= min_steps <= max_steps:
-            raise ValueError(f"need 2 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
+            raise ValueError(f"need 2 <= data.view.min_steps <= data.view.max_steps, got {min_steps}, {max_steps}")
         self.min_steps = int(min_steps)
         self.subsequences = subsequences
 

@@ -94,6 +94,11 @@ def from_pretrained(loader: Callable[..., Any], name_or_path: str, what: str = "
     name = resolve_name(name_or_path)
     if Path(name).exists():
         return loader(name, **kwargs)
+    if looks_like_path(name):
+        raise PretrainedUnavailableError(
+            f"{config_key}={name_or_path!r}: no such folder ({Path(name).expanduser().absolute()}); the {what} is read "
+            f"from a local folder when the value is a path: check it (a hub id looks like 'org/name')."
+        )
     try:
         with _hub_offline():
             return loader(name, local_files_only=True, **kwargs)
@@ -109,7 +114,14 @@ def from_pretrained(loader: Callable[..., Any], name_or_path: str, what: str = "
     return loader(name, **kwargs)
 
 
-def load_tokenizer(name_or_path: str, **kwargs) -> Any:
+def looks_like_path(name: str) -> bool:
+    """True for values that can only be a local path (``/x``, ``./x``, ``~/x``, ``a/b/c``), never a hub id."""
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") >= 2 or "\\" in name
+
+
+def load_tokenizer(name_or_path: str, config_key: str = "backbones.tokenizer", **kwargs) -> Any:
+    """A Hugging Face tokenizer; ``config_key`` is the option named when it cannot be loaded
+    (``backbones.tokenizer``, which defaults to ``backbones.text``)."""
     from transformers import AutoTokenizer
 
-    return from_pretrained(AutoTokenizer.from_pretrained, name_or_path, what="tokenizer", config_key="data.tokenizer", **kwargs)
+    return from_pretrained(AutoTokenizer.from_pretrained, name_or_path, what="tokenizer", config_key=config_key, **kwargs)

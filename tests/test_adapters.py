@@ -113,6 +113,27 @@ def test_iter_json_records_reads_lines_lists_and_wrapped_documents(tmp_path):
     assert str(log.problems[0]).startswith(f"{tmp_path / 'broken.json'}:4: ?: json: not valid JSON")
 
 
+def test_iter_json_records_reports_non_utf8_instead_of_replacing(tmp_path):
+    from data_modules.adapters.common import ProblemLog, iter_json_records
+
+    # a JSON document (RecipeQA style): the problem names the line of the bad byte
+    doc = json.dumps({"data": [{"id": "r1", "body": "ok"}, {"id": "r2", "body": "BAD"}]}, indent=1).encode()
+    (tmp_path / "doc.json").write_bytes(doc.replace(b"BAD", b"cr\xe8me"))
+    bad_line = doc[: doc.index(b"BAD")].count(b"\n") + 1
+    log = ProblemLog()
+    assert list(iter_json_records(tmp_path / "doc.json", log)) == []
+    assert [str(p) for p in log.problems] == [
+        f"{tmp_path / 'doc.json'}:{bad_line}: ?: text: not valid UTF-8 (byte 0xe8); save the file as UTF-8"]
+    # JSON lines: the bad line is reported against its field and skipped, the good ones are read
+    lines = [json.dumps({"id": "a", "title": "fine"}).encode(), json.dumps({"id": "b", "title": "BAD"}).encode()]
+    (tmp_path / "lines.jsonl").write_bytes(lines[0] + b"\n" + lines[1].replace(b"BAD", b"\xff") + b"\n")
+    log = ProblemLog()
+    assert list(iter_json_records(tmp_path / "lines.jsonl", log)) == [(1, {"id": "a", "title": "fine"})]
+    offset = lines[1].index(b"BAD") + 1
+    assert [str(p) for p in log.problems] == [
+        f"{tmp_path / 'lines.jsonl'}:2: b: title: not valid UTF-8 (byte 0xff at byte {offset} of the line); save the file as UTF-8"]
+
+
 # ---------------------------------------------------------------- WikiHow
 def wikihow_step(headline, text, bullets=(), image=None, key="image-large"):
     return {"step_headline": headline, "step_text": {"text": text, "bullet_points": list(bullets)},

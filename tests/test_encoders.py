@@ -587,7 +587,7 @@ def test_paper_preset_without_local_weights_fails_fast_naming_what_to_set(compos
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     cfg = compose_train(_backbones_override("paper"), "+encoder@model.encoder=clipvil")
     start = time.monotonic()
-    with pytest.raises(Exception, match=r"roberta-large.*name_or_path=/path/to/folder") as err:
+    with pytest.raises(Exception, match=r"roberta-large.*backbones\.text=/path/to/folder") as err:
         instantiate(cfg.model.encoder)                   # hydra wraps the error in InstantiationException
     assert time.monotonic() - start < 15
     assert PretrainedUnavailableError in {type(err.value), type(err.value.__cause__)}

@@ -52,6 +52,18 @@ def test_prepare_data_bad_input_exits_nonzero_with_message(tmp_path, capsys):
     assert "--option 'nokey': expected key=value" in capsys.readouterr().err
 
 
+def test_prepare_data_catbench_steps_string_is_reported_not_split_into_characters(tmp_path, capsys):
+    q = {"plan_idx": 3, "question_idx": 7, "question_type": "dependent_real_before", "direction": "before",
+         "steps": "Cut. Cook.", "first_step_idx": 0, "second_step_idx": 1, "label": "yes"}
+    src = tmp_path / "q.jsonl"
+    src.write_text(json.dumps(q) + "\n" + json.dumps(dict(q, question_idx=8, steps=["Cut.", "Cook."], first_step_idx=1.0)) + "\n")
+    assert load_script("prepare_data").main(["catbench", "--src", str(src), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"{src}:1: plan 3 question 7: steps: must be a list of non-empty step strings, got a str" in err
+    assert f"{src}:2: plan 3 question 8: first_step_idx: 1.0 is not a step index of the 2 steps (an integer 0..1)" in err
+    assert not (tmp_path / "out" / "test.jsonl").exists()
+
+
 def test_prepare_data_options_tasks_and_dataset_stats_in_process(tmp_path, capsys):
     from test_adapters import RFG_EDGES, RFG_TOKENS, write_rfg
 
@@ -133,3 +145,17 @@ def test_read_roc_dev(shared_data):
     assert len(stories) == 9816
     assert all(s.num_steps == 5 for s in stories)
     assert stories[0].id == "dev-1" and stories[0].steps[0].text.startswith("one day , i was driving")
+
+
+def test_prepare_data_rejects_an_id_in_two_splits(tmp_path, capsys):
+    from data_modules.adapters.common import AdapterResult
+    from data_modules.adapters.prepare import check_ids_across_splits
+    from seqaware.procedure import Procedure, ProcedureFormatError, Step
+
+    result = AdapterResult()
+    for pid, split in (("a", "train"), ("b", "train"), ("a", "test"), ("b", "test-human"), ("c", "val")):
+        result.add(Procedure(id=pid, split=split, steps=[Step(text="x"), Step(text="y")]))
+    with pytest.raises(ProcedureFormatError) as err:
+        check_ids_across_splits(result, tmp_path / "src")
+    assert [str(p) for p in err.value.problems] == [f"{tmp_path / 'src'}: a: id: in both the train and the test split",
+                                                    f"{tmp_path / 'src'}: b: id: in both the train and the test-human split"]

@@ -32,4 +32,4 @@ def test_hub_name_fails_fast_with_instructions(monkeypatch, offline_env):
         load_tokenizer("seqaware-test/definitely-not-cached-model")
     assert time.monotonic() - start < 15
     message = str(err.value)
-    assert "data.tokenizer=/path/to/folder" in message and "offline:minilm" in message
+    assert "backbones.tokenizer=/path/to/folder" in message and "offline:minilm" in message

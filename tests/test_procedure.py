@@ -54,27 +54,56 @@ def test_valid_file_reads(folder):
     assert procs[0].dag == [(0, 1), (1, 2)]
 
 
+def _steps(*steps) -> list:
+    return [{"text": "a"}, *steps]
+
+
 BAD_CASES = {
-    "missing field": (lambda: {k: v for k, v in _good(1).items() if k != "split"}, "split: missing field"),
-    "no text no image": (lambda: _good(1, steps=[{"text": "a"}, {"text": "  ", "images": []}]), "steps[1]: step has neither text nor image"),
-    "image missing": (lambda: _good(1, steps=[{"text": "a"}, {"text": "b", "images": ["nope.png"]}]), "steps[1].images[0]: image file not found"),
-    "cyclic dag": (lambda: _good(1, dag=[[0, 1], [1, 2], [2, 0]]), "dag: cyclic DAG: 0 -> 1 -> 2 -> 0"),
-    "unknown step": (lambda: _good(1, dag=[[0, 7]]), "dag[0]: edge [0, 7] points to an unknown step"),
-    "one step": (lambda: _good(1, steps=[{"text": "a"}], dag=None), "steps: a procedure needs at least 2 steps, got 1"),
-    "unknown split": (lambda: _good(1, split="training"), "split: unknown split 'training'"),
-    "bad alternative": (lambda: _good(1, alternatives=[[0, 0, 1]]), "alternatives[0]: must be a permutation"),
+    # every rule of seqaware.procedure.validate_record: (bad record, record id, exact message after the id)
+    "not an object": (lambda: [1, 2], "?", "record: expected a JSON object, got list"),
+    "missing field": (lambda: {k: v for k, v in _good(1).items() if k != "split"}, "p1", "split: missing field"),
+    "id not a string": (lambda: _good(1, id=[1]), "[1]", "id: must be a string"),
+    "steps not a list": (lambda: _good(1, steps="a. b.", dag=None), "p1", "steps: must be a list"),
+    "step not an object": (lambda: _good(1, steps=_steps("b"), dag=None), "p1",
+                           "steps[1]: must be an object with text and/or images"),
+    "text not a string": (lambda: _good(1, steps=_steps({"text": 3, "images": ["img.png"]}), dag=None), "p1", "steps[1].text: must be a string"),
+    "images not a list": (lambda: _good(1, steps=_steps({"text": "b", "images": "img.png"}), dag=None), "p1",
+                          "steps[1].images: must be a list of paths"),
+    "no text no image": (lambda: _good(1, steps=[{"text": "a"}, {"text": "  ", "images": []}], dag=None), "p1",
+                         "steps[1]: step has neither text nor image"),
+    "image missing": (lambda: _good(1, steps=_steps({"text": "b", "images": ["nope.png"]}), dag=None), "p1",
+                      "steps[1].images[0]: image file not found: {folder}/nope.png"),
+    "bad boxes": (lambda: _good(1, steps=_steps({"text": "b", "boxes": [[0, 0, 1]]}), dag=None), "p1",
+                  "steps[1].boxes: must be a list of [x0, y0, x1, y1] boxes"),
+    "box labels count": (lambda: _good(1, steps=_steps({"text": "b", "boxes": [[0, 0, 1, 1]], "box_labels": []}), dag=None),
+                         "p1", "steps[1].box_labels: 0 labels for 1 boxes"),
+    "dag not pairs": (lambda: _good(1, dag=[[0, 1, 2]]), "p1", "dag: must be a list of [from, to] step-index pairs"),
+    "dag edge not ints": (lambda: _good(1, dag=[[0, "1"]]), "p1", "dag[0]: edge [0, '1'] must join two step indices"),
+    "unknown step": (lambda: _good(1, dag=[[0, 7]]), "p1", "dag[0]: edge [0, 7] points to an unknown step (procedure has 3 steps)"),
+    "self loop": (lambda: _good(1, dag=[[1, 1]]), "p1", "dag[0]: edge [1, 1] is a self loop"),
+    "cyclic dag": (lambda: _good(1, dag=[[0, 1], [1, 2], [2, 0]]), "p1", "dag: cyclic DAG: 0 -> 1 -> 2 -> 0"),
+    "one step": (lambda: _good(1, steps=[{"text": "a"}], dag=None), "p1", "steps: a procedure needs at least 2 steps, got 1"),
+    "unknown split": (lambda: _good(1, split="training"), "p1",
+                      "split: unknown split 'training' (expected train, val or test, optionally with a -suffix)"),
+    "alternatives not a list": (lambda: _good(1, alternatives="0 1 2"), "p1", "alternatives: must be a list of orders"),
+    "bad alternative": (lambda: _good(1, alternatives=[[0, 0, 1]]), "p1",
+                        "alternatives[0]: must be a permutation of the 3 step indices"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
 def test_bad_record_is_rejected_with_its_message(folder, case):
-    make, expected = BAD_CASES[case]
+    make, record_id, expected = BAD_CASES[case]
     path = _write(folder, [_good(0), make()])
     with pytest.raises(ProcedureFormatError) as err:
         read_procedures(path)
-    message = str(err.value)
-    assert f"{path}:2: " in message
-    assert expected in message
+    assert [str(p) for p in err.value.problems] == [f"{path}:2: {record_id}: {expected.format(folder=folder)}"]
+
+
+def test_boxes_at_the_limits_are_valid(folder):
+    """Integer and float coordinates, and as many labels as boxes, are accepted."""
+    ok = _good(1, steps=_steps({"text": "b", "boxes": [[0, 0, 1, 1], [0.5, 0.5, 2.5, 3]], "box_labels": ["x", "y"]}), dag=None)
+    assert read_procedures(_write(folder, [ok]))[0].steps[1].boxes == [[0, 0, 1, 1], [0.5, 0.5, 2.5, 3]]
 
 
 def test_duplicate_id_and_bad_json(folder):

@@ -29,9 +29,9 @@ def test_catbench_questions_are_presented_by_direction(tmp_path):
 
 @pytest.mark.parametrize("line, message", [
     ("{not json", "q.jsonl:1: ?: json:"),
-    (json.dumps({k: v for k, v in _question().items() if k != "label"}), "q.jsonl:1: 0-1: label: missing field"),
-    (json.dumps(_question(second_step_idx=9)), "q.jsonl:1: 0-1: first_step_idx/second_step_idx"),
-    (json.dumps(_question(direction="sideways")), "q.jsonl:1: 0-1: direction/label"),
+    (json.dumps({k: v for k, v in _question().items() if k != "label"}), "q.jsonl:1: plan 0 question 1: label: missing field"),
+    (json.dumps(_question(second_step_idx=9)), "q.jsonl:1: plan 0 question 1: second_step_idx: 9 is not a step index"),
+    (json.dumps(_question(direction="sideways")), "q.jsonl:1: plan 0 question 1: direction: 'sideways' is not one of"),
 ])
 def test_bad_catbench_lines_name_file_record_and_field(tmp_path, line, message):
     path = tmp_path / "q.jsonl"

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import itertools
+import zlib
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -48,7 +50,78 @@ def test_sequencing_view_permutation_and_references(root):
     train = SequencingView([proc], seed=3, reshuffle=True)
     perms = {tuple(train[(0, e)].step_index) for e in range(20)}
     assert len(perms) > 3
-    assert train[(0, 7)].step_index == train[(0, 7)].step_index
+    # the permutation of epoch 7 is a pure function of (seed, procedure id, epoch): a view built
+    # afresh (another process, a resumed run) gives the same one, and it is the documented draw
+    # default_rng([crc32, adler32] of "3\x1fa\x1f7").permutation(4), derived here independently
+    key = "3\x1fa\x1f7".encode()
+    expected_perm = np.random.default_rng([zlib.crc32(key), zlib.adler32(key)]).permutation(4).tolist()
+    fresh = SequencingView([_proc("a", 4, root, dag=[(0, 2), (1, 2)])], seed=3, reshuffle=True)
+    assert train[(0, 7)].step_index == expected_perm == fresh[(0, 7)].step_index
+    assert sorted(expected_perm) == [0, 1, 2, 3]
+
+
+def test_gold_is_the_inverse_permutation_hand_checked(root, monkeypatch):
+    """With a known permutation, every field of the item is checked by hand."""
+    import data_modules.views as views
+
+    class Fixed:
+        def permutation(self, n):
+            return np.array([2, 0, 3, 1])
+
+    monkeypatch.setattr(views, "_rng", lambda *keys: Fixed())
+    proc = _proc("h", 4, root, dag=[(0, 1)])
+    item = SequencingView([proc])[0]
+    assert item.step_index == [2, 0, 3, 1]            # input position p shows authored step perm[p]
+    # authored step 0 is at position 1, step 1 at 3, step 2 at 0, step 3 at 2
+    assert item.gold == [1, 3, 0, 2]
+    assert [s.text.split()[3] for s in item.steps] == ["2.", "0.", "3.", "1."]
+    assert item.dag == (4, [(0, 1)])
+
+
+def test_max_steps_boundary(root):
+    """Exactly max_steps steps is kept whole; one more is truncated (or skipped)."""
+    exact, over = _proc("exact", 5, root, dag=[(3, 4)]), _proc("over", 6, root, dag=[(3, 4), (4, 5)])
+    view = SequencingView([exact, over], max_steps=5)
+    assert view.truncated == 1 and view.dropped == {"fewer_than_2_steps": 0, "too_long": 0}
+    assert sorted(view[0].step_index) == [0, 1, 2, 3, 4] and view[0].dag == (5, [(3, 4)])
+    assert sorted(view[1].step_index) == [0, 1, 2, 3, 4] and view[1].dag == (5, [(3, 4)])
+    skip = SequencingView([exact, over], max_steps=5, too_long="skip")
+    assert [p.id for p in skip.procedures] == ["exact"] and skip.dropped["too_long"] == 1
+    # 2 steps is the smallest procedure kept; 1 is dropped
+    two = SequencingView([_proc("two", 2, root), _proc("one", 1, root)], max_steps=2)
+    assert [p.id for p in two.procedures] == ["two"] and two.dropped["fewer_than_2_steps"] == 1
+    with pytest.raises(ValueError, match="data.view.max_steps must be >= 2, got 1"):
+        SequencingView([exact], max_steps=1)
+    with pytest.raises(ValueError, match="data.view.too_long must be 'truncate' or 'skip', got 'cut'"):
+        SequencingView([exact], too_long="cut")
+    pre = PretrainingView([exact], max_steps=5, min_steps=5)
+    assert [pre[(0, e)].step_index for e in range(3)] == [[0, 1, 2, 3, 4]] * 3
+    with pytest.raises(ValueError, match=r"need 2 <= data.view.min_steps <= data.view.max_steps, got 6, 5"):
+        PretrainingView([exact], max_steps=5, min_steps=6)
+
+
+def test_collator_values_hand_computed(root, tokenizer):
+    """Pixels of a known colour, gold padding and the max_steps guard, against hand-computed values."""
+    proc = _proc("c", 2, root)
+    item = SequencingView([proc])[0]
+    coll = StepCollator(tokenizer, max_steps=2, image_size=4, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
+    batch = coll([item])
+    # img.png is pure blue (0, 0, 255): (x / 255 - 0.5) / 0.5 = -1, -1, +1 at every pixel
+    assert batch["pixel_values"].shape == (1, 2, 3, 4, 4)
+    assert torch.equal(batch["pixel_values"][0, 0, :, 2, 2], torch.tensor([-1.0, -1.0, 1.0]))
+    assert batch["gold"].tolist() == [item.gold] and sorted(item.gold) == [0, 1]
+    assert batch["num_steps"].tolist() == [2]
+    # text: at most 5 sentences, and [CLS] ... [SEP] around the word pieces
+    ids = batch["input_ids"][0, item.step_index.index(0)]
+    expected = tokenizer("Step c number 0. Second sentence. Third!")["input_ids"]
+    assert ids[: len(expected)].tolist() == expected
+    long_item = SequencingView([_proc("d", 3, root)], max_steps=3)[0]
+    with pytest.raises(ValueError, match="instance with 3 steps exceeds data.collator.max_steps=2"):
+        coll([long_item])
+    with pytest.raises(ValueError, match="data.collator.missing_image must be 'error' or 'blank', got 'skip'"):
+        StepCollator(tokenizer, missing_image="skip")
+    with pytest.raises(ValueError, match=r"data.collator.use_text=true needs a tokenizer \(data.tokenizer\)"):
+        StepCollator(None)
 
 
 def test_explicit_alternatives_are_references(root):

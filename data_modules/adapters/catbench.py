@@ -36,32 +36,40 @@ REQUIRED = ("plan_idx", "question_idx", "question_type", "direction", "steps", "
             "second_step_idx", "label")
 
 
-def _check_question(record: Any, log: ProblemLog, path: Path, line: int) -> bool:
-    """Log every problem of one question record; True when it is usable."""
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_question(record: Any, log: ProblemLog, path: Path, line: int, required: tuple[str, ...] = REQUIRED) -> bool:
+    """Log every problem of one question record (``file:line: plan P question Q: field: reason``);
+    True when it is usable. Shared by this adapter and :func:`data_modules.teo_encoder_pairs.read_catbench`."""
     if not isinstance(record, dict):
         log.add(path, line, "?", "record", f"expected a JSON object, got {type(record).__name__}")
         return False
     rid = f"plan {record.get('plan_idx', '?')} question {record.get('question_idx', '?')}"
     before = len(log)
-    for name in REQUIRED:
+    for name in required:
         if record.get(name) is None:
             log.add(path, line, rid, name, "missing field")
     if len(log) > before:
         return False
     steps = record["steps"]
     if not isinstance(steps, list) or not all(isinstance(s, str) and s.strip() for s in steps):
-        log.add(path, line, rid, "steps", "must be a list of non-empty step strings")
+        got = f"a {type(steps).__name__}" if not isinstance(steps, list) else "a list with a non-string or empty step"
+        log.add(path, line, rid, "steps", f"must be a list of non-empty step strings, got {got}")
         return False
     for name in ("first_step_idx", "second_step_idx"):
         value = record[name]
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(steps):
-            log.add(path, line, rid, name, f"{value!r} is not a step index of the {len(steps)} steps")
+        if not _is_index(value) or not 0 <= value < len(steps):
+            log.add(path, line, rid, name, f"{value!r} is not a step index of the {len(steps)} steps (an integer 0..{len(steps) - 1})")
     if record["first_step_idx"] == record["second_step_idx"]:
         log.add(path, line, rid, "second_step_idx", "equals first_step_idx")
-    if str(record["label"]).lower() not in LABELS:
+    if not isinstance(record["label"], str) or record["label"].strip().lower() not in LABELS:
         log.add(path, line, rid, "label", f"{record['label']!r} is not one of {list(LABELS)}")
-    if record["direction"] not in DIRECTIONS:
+    if not isinstance(record["direction"], str) or record["direction"].strip().lower() not in DIRECTIONS:
         log.add(path, line, rid, "direction", f"{record['direction']!r} is not one of {list(DIRECTIONS)}")
+    if "plan_idx" in required and not _is_index(record["plan_idx"]):
+        log.add(path, line, rid, "plan_idx", f"{record['plan_idx']!r} is not an integer")
     return len(log) == before
 
 
@@ -75,7 +83,7 @@ def convert(src: Path, out_images: Path | None = None, split: str = "test") -> A
     for path in iter_files(src, (".jsonl", ".json")):
         for line, record in iter_json_records(path, log):
             result.records_read["questions"] += 1
-            if not _check_question(record, log, path, line):
+            if not check_question(record, log, path, line):
                 continue
             plan_idx, steps = record["plan_idx"], record["steps"]
             pid = f"catbench-{plan_idx}"
@@ -101,9 +109,9 @@ def convert(src: Path, out_images: Path | None = None, split: str = "test") -> A
                 "num_steps": len(steps),
                 "a": a,
                 "b": b,
-                "label": str(record["label"]).lower(),
+                "label": record["label"].strip().lower(),
                 "question_type": record["question_type"],
-                "direction": record["direction"],
+                "direction": record["direction"].strip().lower(),
                 "question": record.get("binary_question"),
                 "step_a": {"text": steps[a], "images": []},
                 "step_b": {"text": steps[b], "images": []},

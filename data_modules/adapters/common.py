@@ -25,7 +25,7 @@ from PIL import Image
 
 from data_modules.images import ImageLoadError, open_rgb
 from seqaware.io import atomic_open
-from seqaware.procedure import Problem, Procedure, ProcedureFormatError, validate_record
+from seqaware.procedure import Problem, Procedure, ProcedureFormatError, decode_json_line, validate_record
 
 IMAGE_POLICIES = ("error", "skip")
 COPY_FORMATS = {"JPEG": ".jpg", "PNG": ".png"}
@@ -117,17 +117,18 @@ def iter_json_records(path: Path, log: ProblemLog, list_keys: Sequence[str] = ("
     The file is JSON lines when its first non-blank line is a complete JSON value by itself (and
     not an object holding the record list under one of ``list_keys``); JSON lines are streamed,
     so large releases are never held in memory whole. A line that is not valid JSON is logged as
-    a problem (field ``json``) and skipped, so every bad line is reported at once.
+    a problem (field ``json``) and skipped, so every bad line is reported at once. Text must be
+    UTF-8: undecodable bytes are reported against the field holding them (never replaced).
 
     Otherwise the file is one JSON document: a list of records, or an object holding the list
     under one of ``list_keys`` (a plain object is one record); the position in the list is used
     as the line.
     """
     first = None
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if line.strip():
-                first = line
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if raw.strip():
+                first = raw.decode("utf-8", errors="replace")
                 break
     if first is None:
         return
@@ -137,17 +138,26 @@ def iter_json_records(path: Path, log: ProblemLog, list_keys: Sequence[str] = ("
     except json.JSONDecodeError:
         lines = False
     if lines:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            for line_no, line in enumerate(handle, start=1):
-                if not line.strip():
+        with open(path, "rb") as handle:
+            for line_no, raw in enumerate(handle, start=1):
+                if not raw.strip():
                     continue
-                try:
-                    yield line_no, json.loads(line)
-                except json.JSONDecodeError as err:
-                    log.add(path, line_no, "?", "json", f"not valid JSON: {err.msg} (column {err.colno})")
+                record, found = decode_json_line(raw)
+                for field_name, reason in found:
+                    rid = record.get("id", "?") if isinstance(record, dict) else "?"
+                    log.add(path, line_no, rid, field_name, reason)
+                if record is not None and not found:
+                    yield line_no, record
+        return
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line_no = data.count(b"\n", 0, err.start) + 1
+        log.add(path, line_no, "?", "text", f"not valid UTF-8 (byte 0x{data[err.start]:02x}); save the file as UTF-8")
         return
     try:
-        doc = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
+        doc = json.loads(text)
     except json.JSONDecodeError as err:
         log.add(path, err.lineno, "?", "json", f"not valid JSON: {err.msg} (column {err.colno})")
         return

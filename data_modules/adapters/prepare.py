@@ -32,7 +32,7 @@ from data_modules.tasks.coherence import coherence_instances
 from data_modules.tasks.iso import iso_instances
 from data_modules.tasks.teo import teo_eval_sets
 from seqaware.io import atomic_open, write_jsonl
-from seqaware.procedure import Procedure, write_procedures
+from seqaware.procedure import Problem, Procedure, ProcedureFormatError, write_procedures
 
 TASK_BUILDERS = ("teo", "iso", "coherence")
 
@@ -53,6 +53,19 @@ def build_task(task: str, splits: dict[str, list[Procedure]], **options: Any) ->
     return out
 
 
+def check_ids_across_splits(result: AdapterResult, src: str | os.PathLike) -> None:
+    """Raise when one procedure id lands in two splits (a test procedure would also be trained on)."""
+    first: dict[str, str] = {}
+    problems = []
+    for split, procedures in result.splits.items():
+        for proc in procedures:
+            if proc.id in first and first[proc.id] != split:
+                problems.append(Problem(str(src), 0, proc.id, "id", f"in both the {first[proc.id]} and the {split} split"))
+            first.setdefault(proc.id, split)
+    if problems:
+        raise ProcedureFormatError(problems)
+
+
 def prepare_dataset(dataset: str, src: str | os.PathLike, out: str | os.PathLike, tasks: Sequence[str] = (),
                     options: dict[str, Any] | None = None,
                     task_options: dict[str, dict[str, Any]] | None = None) -> tuple[AdapterResult, dict[str, list[dict]]]:
@@ -64,6 +77,7 @@ def prepare_dataset(dataset: str, src: str | os.PathLike, out: str | os.PathLike
     if unknown:
         raise AdapterOptionError(f"task options given for task(s) {unknown} that were not requested (tasks: {list(tasks)})")
     result = run_adapter(dataset, src, out / "images", **options)
+    check_ids_across_splits(result, src)
     instances: dict[str, list[dict]] = dict(result.tasks)
     for task in tasks:
         if task in instances:

@@ -61,7 +61,7 @@ class TextEncoder(SequenceEncoder):
             self.backbone = AutoModel.from_config(hf_config, add_pooling_layer=False)
         else:
             self.backbone = from_pretrained(AutoModel.from_pretrained, name_or_path, what="text encoder",
-                                            config_key="model.encoder.name_or_path",
+                                            config_key="backbones.text",
                                             attn_implementation=attn_implementation, add_pooling_layer=False)
         tok = load_tokenizer(tokenizer or name_or_path)
         ids = special_token_ids(tok)
