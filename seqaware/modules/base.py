@@ -1,4 +1,5 @@
-"""Shared Lightning plumbing: optimiser from config, exact-resume RNG state, ordering evaluation."""
+"""Shared Lightning plumbing: optimiser from config, train mode at fit start, exact-resume RNG state,
+ordering evaluation."""
 from __future__ import annotations
 
 import logging
@@ -10,6 +11,7 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from seqaware.metrics.torch_metrics import OrderingMetrics
 from seqaware.metrics.ordering import order_metrics
@@ -34,13 +36,39 @@ def _numpy_state_from_safe(state: dict) -> tuple:
 
 
 class SeqawareModule(pl.LightningModule):
-    """Base class: builds the optimiser/scheduler from config and saves RNG states in checkpoints.
+    """Base class: builds the optimiser/scheduler from config, starts ``fit`` in train mode and
+    saves RNG states in checkpoints.
 
     ``optimizer`` is a config with ``_target_`` (e.g. ``torch.optim.AdamW``) and its arguments;
     ``scheduler`` is optional: ``{_target_: ..., interval: step|epoch, ...}``.
+
+    Train mode.  ``from_pretrained`` returns modules in eval mode and Lightning (>= 2.2) keeps the
+    modes it finds, so a fine-tuned pretrained encoder would train with every Dropout off.  At
+    ``on_fit_start`` (before the sanity check, whose end restores the modes it found, as does every
+    validation loop) the whole module goes to train mode; :meth:`train` then puts back in eval mode
+    exactly the modules :meth:`frozen_modules` lists (e.g. BatchNorm layers with frozen statistics).
+    Submodules that override ``train`` themselves keep their own rule (a
+    :class:`~seqaware.encoders.visual.VisualBackbone` keeps its BatchNorm layers in eval mode with
+    ``freeze_bn``, and the whole backbone with ``trainable: false``).
+
     Saving the Python, NumPy and torch RNG states with each checkpoint and restoring them makes a
     run resumed with ``ckpt_path=`` continue exactly like the uninterrupted run.
     """
+
+    def frozen_modules(self) -> list[nn.Module]:
+        """Modules that stay in eval mode while the rest trains (each one itself, not its children:
+        list every module, e.g. ``list(backbone.modules())``).  Default: none."""
+        return []
+
+    def train(self, mode: bool = True) -> "SeqawareModule":
+        super().train(mode)
+        if mode:
+            for module in self.frozen_modules():
+                module.training = False
+        return self
+
+    def on_fit_start(self) -> None:
+        self.train(True)
 
     def param_groups(self) -> list[dict]:
         """Parameter groups of the optimiser (default: one group of all trainable parameters)."""

@@ -41,6 +41,10 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         pair_chunk: pairs encoded per encoder call.
         checkpoint_chunks: activation checkpointing per chunk during training.
         head_lr: learning rate of the BERSON network (default: the optimiser's lr, as in BERSON).
+
+    Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
+    the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
+    with ``trainable: false``; nothing else (every Dropout of the encoder and the BERSON network trains).
     """
 
     def __init__(self, encoder: dict, optimizer: dict, decoder: Optional[dict] = None, scheduler: Optional[dict] = None,

@@ -47,9 +47,10 @@ Checkpoints
     image-only pretraining run's ``encoder.pt`` (two-stage pipeline: ``clip_image_pretrain`` first,
     then ``clipvil_pretrain model.visual.ckpt=...``).
 
-BatchNorm layers anywhere in the encoder (ResNet/EfficientNet visual backbones) stay in eval mode
-with frozen affine parameters when ``freeze_batchnorm`` (pretraining batches of 4 sequences give
-useless batch statistics).
+Frozen parts: BatchNorm layers anywhere in the encoder (ResNet/EfficientNet visual backbones)
+stay in eval mode with frozen affine parameters when ``freeze_batchnorm`` (pretraining batches of
+4 sequences give useless batch statistics), and a visual backbone with ``trainable: false``; every
+other submodule is in train mode during fit (:class:`~seqaware.modules.base.SeqawareModule`).
 """
 from __future__ import annotations
 
@@ -113,20 +114,18 @@ def cpu_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def freeze_batchnorm_layers(module: nn.Module) -> int:
-    """Put every BatchNorm layer of ``module`` in eval mode and freeze its affine parameters.
+def freeze_batchnorm_layers(module: nn.Module) -> list[nn.Module]:
+    """Every BatchNorm layer of ``module``, put in eval mode with its affine parameters frozen.
 
-    Returns the number of BatchNorm layers found.  Called from ``train()`` so that Lightning's
-    switching between train and eval never re-enables batch statistics.
+    Called from :meth:`PretrainingModule.frozen_modules` (so at every ``train()``) so that
+    Lightning's switching between train and eval never re-enables batch statistics.
     """
-    count = 0
-    for sub in module.modules():
-        if isinstance(sub, nn.modules.batchnorm._BatchNorm):
-            sub.eval()
-            for p in sub.parameters(recurse=False):
-                p.requires_grad_(False)
-            count += 1
-    return count
+    layers = [sub for sub in module.modules() if isinstance(sub, nn.modules.batchnorm._BatchNorm)]
+    for sub in layers:
+        sub.eval()
+        for p in sub.parameters(recurse=False):
+            p.requires_grad_(False)
+    return layers
 
 
 class TiedLMHead(nn.Module):
@@ -294,7 +293,7 @@ class PretrainingModule(SeqawareModule):
         self.clean_pass_eval = clean_pass_eval
         self.freeze_bn = freeze_batchnorm
         if freeze_batchnorm:
-            n = freeze_batchnorm_layers(self.encoder)
+            n = len(freeze_batchnorm_layers(self.encoder))
             if n:
                 log.info("froze %d BatchNorm layers of the encoder", n)
         embeddings = getattr(self.encoder, "word_embeddings", None)
@@ -302,8 +301,8 @@ class PretrainingModule(SeqawareModule):
             # an image-only encoder never reads its text model's word embeddings: without a gradient
             # DDP's reducer would wait for them forever
             embeddings.weight.requires_grad_(False)
-        # from_pretrained returns modules in eval mode and Lightning keeps the modes it finds: start in
-        # train mode (dropout on), BatchNorm and frozen backbones stay in eval mode (train() above)
+        # train mode from construction on (outside a Trainer too); fit starts in train mode anyway
+        # (SeqawareModule.on_fit_start), BatchNorm and frozen backbones staying in eval mode
         self.train(True)
 
     # ------------------------------------------------------------------ construction
@@ -324,11 +323,9 @@ class PretrainingModule(SeqawareModule):
                 kwargs.setdefault("lm_head", TiedLMHead(embeddings, enc.hidden_size))
         return build_objective(name, **kwargs)
 
-    def train(self, mode: bool = True) -> "PretrainingModule":
-        super().train(mode)
-        if self.freeze_bn:
-            freeze_batchnorm_layers(self.encoder)
-        return self
+    def frozen_modules(self) -> list[nn.Module]:
+        """The encoder's BatchNorm layers when ``freeze_batchnorm`` (see the module docstring)."""
+        return freeze_batchnorm_layers(self.encoder) if self.freeze_bn else []
 
     # ------------------------------------------------------------------ corruption + losses
     def _sample_keys(self, batch: dict) -> list[str]:

@@ -32,6 +32,8 @@ class PairwiseSequencingModule(OrderingEvalMixin, SeqawareModule):
 
     The network is given as a config (``_target_`` + arguments) and built here, so checkpoints hold
     everything needed by ``PairwiseSequencingModule.load_from_checkpoint(path)``.
+
+    Frozen parts: none (the small CNN and text encoder of the baseline train with their Dropout on).
     """
 
     def __init__(self, net: dict, optimizer: dict, scheduler: dict | None = None, decoder: str = "greedy"):

@@ -31,7 +31,12 @@ BINARY_COLUMNS = (("accuracy", "accuracy"), ("f1_yes", "dependent F1"), ("macro_
 
 
 class TeoHeadModule(SeqawareModule):
-    """Sequence encoder + dropout + ``Linear(H, 3)`` trained with cross-entropy on TEO pairs."""
+    """Sequence encoder + dropout + ``Linear(H, 3)`` trained with cross-entropy on TEO pairs.
+
+    Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
+    the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
+    with ``trainable: false``; nothing else (every Dropout of the encoder and the head trains).
+    """
 
     def __init__(self, encoder: dict, optimizer: dict, scheduler: Optional[dict] = None, dropout: float = 0.1,
                  head_lr: Optional[float] = None):

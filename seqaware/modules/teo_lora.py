@@ -66,6 +66,13 @@ class TeoLoraModule(SeqawareModule):
         adapter_dir: where the PEFT adapter is saved at the end of fit (None: ``<run folder>/adapter``).
         merge_adapter: also save the merged full model to ``adapter_dir/merged``.
         optimizer / scheduler: see :class:`~seqaware.modules.base.SeqawareModule`.
+
+    Train mode: the whole network, frozen base included, is in train mode during fit, as PEFT and
+    the Hugging Face Trainer do (the base's weights are frozen by ``requires_grad``, not by eval
+    mode); no module is kept in eval mode.  The built-in bases have no dropout (``tiny-minilm``
+    sets MiniLM's to 0, like the Qwen decoders of the real recipe) so only the LoRA dropout acts;
+    train mode also makes ``gradient_checkpointing`` take effect on a base loaded by
+    ``from_pretrained`` (which returns it in eval mode).
     """
 
     def __init__(self, name_or_path: str = "tiny", tiny: dict | None = None, init_seed: int = 0, dtype: str = "float32",
