@@ -60,7 +60,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
@@ -68,7 +67,7 @@ from torch import nn
 from seqaware.encoders.base import SequenceEncoder, fusion_input
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
-from seqaware.modules.base import SeqawareModule, as_container
+from seqaware.modules.base import SeqawareModule, as_container, global_share, world_size
 from seqaware.objectives import ObjectiveSchedule, build_objective, check_objectives
 from seqaware.objectives.base import EncoderOutput, Objective
 from seqaware.objectives.mlm import IGNORE_INDEX
@@ -365,18 +364,14 @@ class PretrainingModule(SeqawareModule):
         return fusion_input(self.encoder, batch)
 
     def _world(self) -> int:
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return world_size()
 
     def _weights(self, names: list[str], fusion: dict, targets: dict) -> dict[str, torch.Tensor]:
         """Per-objective factor turning the rank's mean loss into its share of the global-batch mean."""
         device = next(iter(targets.values())).device
         if self.loss_normalization == "local" or self._world() == 1:
             return {n: torch.ones((), device=device) for n in names}
-        local = torch.stack([LOSS_COUNTS[n](fusion, targets).to(device).float() for n in names])
-        total = local.clone()
-        dist.all_reduce(total)
-        weights = torch.where(total > 0, local * self._world() / total.clamp(min=1), torch.zeros_like(local))
-        return dict(zip(names, weights))
+        return dict(zip(names, global_share(torch.stack([LOSS_COUNTS[n](fusion, targets).to(device).float() for n in names]))))
 
     def compute_losses(self, batch: dict, names: tuple[str, ...], when: Any,
                        fusion: Optional[dict] = None) -> tuple[torch.Tensor, dict, dict]:

@@ -32,7 +32,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from seqaware.metrics.teo import teo_report
-from seqaware.modules.base import SeqawareModule, as_container
+from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 from seqaware.teo import parse_teo_answer
 from seqaware.teo.vlm import BUILT_IN_MODELS, answer_loss, apply_lora, load_internvl
 
@@ -157,18 +157,7 @@ class TeoLoraModule(SeqawareModule):
 
     def _gathered(self) -> list[dict[str, Any]]:
         """This epoch's records from every rank, each (set, pair_id) once (samplers pad by repeats)."""
-        parts = [self._eval_buffer]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(parts, self._eval_buffer)
-        seen, merged = set(), []
-        for part in parts:
-            for rec in part:
-                key = (rec["set"], rec["pair_id"])
-                if key not in seen:
-                    seen.add(key)
-                    merged.append(rec)
-        return merged
+        return gather_unique(self._eval_buffer, key=lambda r: (r["set"], r["pair_id"]))
 
     def _report(self, stage: str) -> dict[str, float]:
         records = self._gathered()
