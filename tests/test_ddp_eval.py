@@ -123,3 +123,40 @@ def test_two_processes_test_a_checkpoint_exactly_like_one(compose_train, cache_d
     # differ in the last bits between batch compositions (padding), not more
     assert two["test/loss"] == pytest.approx(one["test/loss"], rel=1e-6)
     assert set(two) == set(one)
+
+
+# ------------------------------------------------------------------ the ordering mixin, one process
+
+def test_ordering_eval_counts_a_padded_repeat_once_and_loss_is_sum_over_count():
+    """A distributed sampler's repeat (here: instance "a" again in the last batch) is scored once;
+    the logged loss is the split's summed loss / its pair count, the predictions are the records."""
+    from seqaware.modules.base import OrderingEvalMixin, SeqawareModule
+
+    class Probe(OrderingEvalMixin, SeqawareModule):
+        def __init__(self):
+            super().__init__()
+            self._init_eval()
+            self.logged: dict[str, float] = {}
+
+        def log_dict(self, values, **kwargs):
+            self.logged.update(values)
+
+    def meta(pid, step_index):
+        return {"id": pid, "category": ["c"], "step_index": step_index, "references": [[0, 1, 2]], "dag": None}
+
+    probe = Probe()
+    probe.on_test_epoch_start()
+    # "a": input positions hold steps [2, 0, 1]; predicting positions [1, 2, 0] gives [0, 1, 2] (exact)
+    # "b": input positions hold steps [0, 1, 2]; predicting [1, 0, 2] gives [1, 0, 2] (not exact)
+    batch1 = {"meta": [meta("b", [0, 1, 2]), meta("a", [2, 0, 1])]}
+    probe._record_orders("test", batch1, [[1, 0, 2], [1, 2, 0]],
+                         losses={"loss": (torch.tensor([4.0, 2.0]), torch.tensor([6, 2]))})
+    batch2 = {"meta": [meta("a", [2, 0, 1])]}  # the padded repeat
+    probe._record_orders("test", batch2, [[1, 2, 0]], losses={"loss": (torch.tensor([2.0]), torch.tensor([2]))})
+    probe.on_test_epoch_end()
+    assert probe.logged["test/n"] == 2.0  # not 3
+    assert probe.logged["test/pmr"] == 0.5  # not 2/3
+    assert probe.logged["test/loss"] == pytest.approx((4.0 + 2.0) / (6 + 2))  # not 8 / 10
+    assert [p["id"] for p in probe.test_predictions] == ["a", "b"]
+    assert [p["pred"] for p in probe.test_predictions] == [[0, 1, 2], [1, 0, 2]]
+    assert [p["metrics"]["pmr"] for p in probe.test_predictions] == [1.0, 0.0]
