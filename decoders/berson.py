@@ -216,15 +216,31 @@ class BersonDecoder(nn.Module):
         keys = self._keys(state, last, second, unpointed)
         return self._scores(keys, hidden, unpointed)
 
-    def loss(self, state: BersonState, gold: torch.Tensor, pair_targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Pointer NLL (mean over real steps) + ``lambda_pair`` * pairwise BCE (mean over pairs)."""
+    def loss_terms(self, state: BersonState, gold: torch.Tensor, pair_targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-instance sums and counts of the loss, each (B,): ``pointer_nll`` over ``steps`` real
+        steps, ``pair_bce`` and ``pair_correct`` over ``pairs`` valid pairs.
+
+        Means over any set of instances (a batch, the global batch of every rank, a whole split)
+        are sums of these divided by sums of the counts.
+        """
         logp = self.pointer_log_probs(state, gold)
         real = gold >= 0
         picked = logp.gather(2, gold.clamp(min=0)[..., None]).squeeze(-1)
-        pointer = -torch.where(real, picked, torch.zeros_like(picked)).sum() / real.sum().clamp(min=1)
         valid = valid_pairs(state.step_mask)
-        pair = F.binary_cross_entropy_with_logits(state.pair_logits[valid].float(), pair_targets[valid].float())
-        pair_acc = ((state.pair_logits[valid] > 0) == (pair_targets[valid] > 0.5)).float().mean()
+        logits = state.pair_logits.float()
+        bce = F.binary_cross_entropy_with_logits(logits, pair_targets.float(), reduction="none")
+        correct = ((logits > 0) == (pair_targets > 0.5)) & valid
+        return {"pointer_nll": -torch.where(real, picked, torch.zeros_like(picked)).sum(1), "steps": real.sum(1),
+                "pair_bce": torch.where(valid, bce, torch.zeros_like(bce)).sum((1, 2)), "pairs": valid.sum((1, 2)),
+                "pair_correct": correct.sum((1, 2))}
+
+    def loss(self, state: BersonState, gold: torch.Tensor, pair_targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Pointer NLL (mean over real steps) + ``lambda_pair`` * pairwise BCE (mean over pairs)."""
+        t = self.loss_terms(state, gold, pair_targets)
+        pointer = t["pointer_nll"].sum() / t["steps"].sum().clamp(min=1)
+        pairs = t["pairs"].sum().clamp(min=1)
+        pair = t["pair_bce"].sum() / pairs
+        pair_acc = t["pair_correct"].sum().float() / pairs
         return {"loss": pointer + self.lambda_pair * pair, "pointer_loss": pointer.detach(),
                 "pair_loss": pair.detach(), "pair_acc": pair_acc.detach()}
 

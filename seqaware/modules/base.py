@@ -1,15 +1,17 @@
-"""Shared Lightning plumbing: optimiser from config, exact-resume RNG state, ordering evaluation."""
+"""Shared Lightning plumbing: optimiser from config, train mode at fit start, exact-resume RNG state,
+ordering evaluation."""
 from __future__ import annotations
 
 import logging
 import random
-from typing import Any
+from typing import Any, Callable, Hashable
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from seqaware.metrics.torch_metrics import OrderingMetrics
 from seqaware.metrics.ordering import order_metrics
@@ -33,14 +35,87 @@ def _numpy_state_from_safe(state: dict) -> tuple:
     return (state["name"], state["keys"].numpy().astype(np.uint32), state["pos"], state["has_gauss"], state["cached_gaussian"])
 
 
+def world_size() -> int:
+    """Processes of the default process group (1 without torch.distributed)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def gather_unique(records: list[dict], key: Callable[[dict], Hashable]) -> list[dict]:
+    """Every rank's evaluation records, each ``key(record)`` once, sorted by key.
+
+    Distributed evaluation samplers pad the last rank's share by repeating instances so every rank
+    runs the same number of batches; metrics computed from these records count each instance
+    once, whatever the world size, and the order (hence float sums, predictions files) does not
+    depend on it either.  Every rank gets the same list (a collective: call it on every rank).
+    """
+    parts = [records]
+    if world_size() > 1:
+        parts = [None] * world_size()
+        torch.distributed.all_gather_object(parts, records)
+    unique: dict[Hashable, dict] = {}
+    for part in parts:
+        for rec in part:
+            unique.setdefault(key(rec), rec)
+    return [unique[k] for k in sorted(unique)]
+
+
+def global_share(local_counts: torch.Tensor) -> torch.Tensor:
+    """``local * world / sum over ranks`` per entry (ones on one process, zeros where the total is 0).
+
+    A rank's mean loss over its ``local`` items times this factor is its share of the mean over
+    the global batch: DDP averages gradients over ranks, so the update is that of the global-batch
+    mean however unevenly the items (steps, pairs, masked tokens) fall on the ranks.  One
+    all-reduce of the counts (a collective: call it on every rank).
+    """
+    local = local_counts.detach().float()  # counts up to 2**24 are exact
+    if world_size() == 1:
+        return torch.ones_like(local)
+    total = local.clone()
+    torch.distributed.all_reduce(total)
+    return torch.where(total > 0, local * world_size() / total.clamp(min=1), torch.zeros_like(local))
+
+
+def global_mean(local_sum: torch.Tensor, local_count: torch.Tensor) -> torch.Tensor:
+    """This rank's share of ``sum / count`` over the global batch (see :func:`global_share`):
+    ``local_sum / local_count`` on one process."""
+    return local_sum / local_count.clamp(min=1) * global_share(local_count).to(local_sum.dtype)
+
+
 class SeqawareModule(pl.LightningModule):
-    """Base class: builds the optimiser/scheduler from config and saves RNG states in checkpoints.
+    """Base class: builds the optimiser/scheduler from config, starts ``fit`` in train mode and
+    saves RNG states in checkpoints.
 
     ``optimizer`` is a config with ``_target_`` (e.g. ``torch.optim.AdamW``) and its arguments;
     ``scheduler`` is optional: ``{_target_: ..., interval: step|epoch, ...}``.
+
+    Train mode.  ``from_pretrained`` returns modules in eval mode and Lightning (>= 2.2) keeps the
+    modes it finds, so a fine-tuned pretrained encoder would train with every Dropout off.  At
+    ``on_fit_start`` (before the sanity check, whose end restores the modes it found, as does every
+    validation loop) the whole module goes to train mode; :meth:`train` then puts back in eval mode
+    exactly the modules :meth:`frozen_modules` lists (e.g. BatchNorm layers with frozen statistics).
+    Submodules that override ``train`` themselves keep their own rule (a
+    :class:`~seqaware.encoders.visual.VisualBackbone` keeps its BatchNorm layers in eval mode with
+    ``freeze_bn``, and the whole backbone with ``trainable: false``).
+
     Saving the Python, NumPy and torch RNG states with each checkpoint and restoring them makes a
     run resumed with ``ckpt_path=`` continue exactly like the uninterrupted run.
     """
+
+    def frozen_modules(self) -> list[nn.Module]:
+        """Modules that stay in eval mode while the rest trains (each one itself, not its children:
+        list every module, e.g. ``list(backbone.modules())``).  Default: none."""
+        return []
+
+    def train(self, mode: bool = True) -> "SeqawareModule":
+        super().train(mode)
+        if mode:
+            for module in self.frozen_modules():
+                module.training = False
+        return self
+
+    def on_fit_start(self) -> None:
+        self.train(True)
 
     def param_groups(self) -> list[dict]:
         """Parameter groups of the optimiser (default: one group of all trainable parameters)."""
@@ -82,57 +157,70 @@ class SeqawareModule(pl.LightningModule):
 class OrderingEvalMixin:
     """Validation/test bookkeeping for models that predict an order per instance.
 
-    Subclasses call :meth:`_record_orders` with predicted input positions; metrics are logged as
-    ``val/acc``, ``val/pmr``, ... and ``test/...``; test predictions are kept in
-    :attr:`test_predictions` (gathered over ranks) for ``train.py`` to write.
+    Subclasses call :meth:`_record_orders` with predicted input positions (and, optionally, the
+    per-instance sums and counts of their losses).  At the end of the epoch the records of every
+    rank are gathered and each instance kept once (:func:`gather_unique`: distributed samplers pad
+    with repeats), then scored: ``val/acc``, ``val/pmr``, ..., ``val/n`` and every loss as
+    ``sum / count`` over the split (``test/...`` likewise), the same on every rank and for any
+    world size.  Test predictions are kept in :attr:`test_predictions` (the same records, sorted
+    by id) for ``train.py`` to write, so the file and the logged metrics agree.
     """
 
     def _init_eval(self, reference_selection: str = "joint") -> None:
-        self.val_metrics = OrderingMetrics(reference_selection=reference_selection)
-        self.test_metrics = OrderingMetrics(reference_selection=reference_selection)
+        # the metrics see records already gathered over ranks: they must not sum again over ranks
+        self.val_metrics = OrderingMetrics(reference_selection=reference_selection, sync_on_compute=False)
+        self.test_metrics = OrderingMetrics(reference_selection=reference_selection, sync_on_compute=False)
         self.test_predictions: list[dict] = []
-        self._test_buffer: list[dict] = []
+        self._eval_records: dict[str, list[dict]] = {"val": [], "test": []}
 
-    def _record_orders(self, stage: str, batch: dict, orders: list[list[int]]) -> None:
-        preds, refs, dags = [], [], []
-        for meta, order in zip(batch["meta"], orders):
-            preds.append([meta["step_index"][p] for p in order])
-            refs.append(meta["references"])
-            dags.append(meta["dag"])
-        metric = self.val_metrics if stage == "val" else self.test_metrics
-        metric.update(preds, refs, dags)
-        if stage == "test":
-            for meta, pred in zip(batch["meta"], preds):
-                scores = order_metrics(pred, meta["references"][0])
-                self._test_buffer.append({
-                    "id": meta["id"], "category": meta["category"], "pred": pred,
-                    "gold": meta["references"][0], "references": meta["references"],
-                    "metrics": scores,
-                })
+    def _record_orders(self, stage: str, batch: dict, orders: list[list[int]],
+                       losses: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """Keep one record per instance; ``losses``: ``name -> (sums (B,), counts (B,))``."""
+        losses = {k: (s.detach().double().cpu().tolist(), c.detach().double().cpu().tolist())
+                  for k, (s, c) in (losses or {}).items()}
+        for b, (meta, order) in enumerate(zip(batch["meta"], orders)):
+            self._eval_records[stage].append({
+                "id": meta["id"], "category": meta["category"], "pred": [meta["step_index"][p] for p in order],
+                "gold": meta["references"][0], "references": meta["references"], "dag": meta["dag"],
+                "losses": {k: (sums[b], counts[b]) for k, (sums, counts) in losses.items()},
+            })
+
+    def _derived_losses(self, means: dict[str, float]) -> dict[str, float]:
+        """Values computed from the split-level loss means (e.g. a weighted total); default none."""
+        return {}
 
     def _log_metrics(self, stage: str) -> dict[str, float]:
+        records = gather_unique(self._eval_records[stage], key=lambda r: r["id"])
+        self._eval_records[stage] = []
         metric = self.val_metrics if stage == "val" else self.test_metrics
-        values = {f"{stage}/{k}": float(v) for k, v in metric.compute().items()}
         metric.reset()
+        if records:
+            metric.update([r["pred"] for r in records], [r["references"] for r in records], [r["dag"] for r in records])
+        values = {f"{stage}/{k}": float(v) for k, v in metric.compute().items()} if records else {}
+        metric.reset()
+        means = {}
+        for name in (records[0]["losses"] if records else {}):
+            total = sum(r["losses"][name][0] for r in records)
+            count = sum(r["losses"][name][1] for r in records)
+            means[name] = total / count if count else float("nan")
+        means.update(self._derived_losses(means))
+        values.update({f"{stage}/{k}": v for k, v in means.items()})
+        # every rank holds the same records, hence the same values: nothing to reduce
         self.log_dict(values, sync_dist=False, prog_bar=False)
+        if stage == "test":
+            self.test_predictions = [{"id": r["id"], "category": r["category"], "pred": r["pred"], "gold": r["gold"],
+                                      "references": r["references"], "metrics": order_metrics(r["pred"], r["gold"])}
+                                     for r in records]
         return values
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_records["val"] = []
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val")
 
     def on_test_epoch_start(self) -> None:
-        self._test_buffer = []
+        self._eval_records["test"] = []
 
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
-        gathered = [self._test_buffer]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, self._test_buffer)
-        seen, merged = set(), []
-        for part in gathered:  # a distributed sampler pads with repeats: keep each id once
-            for rec in part:
-                if rec["id"] not in seen:
-                    seen.add(rec["id"])
-                    merged.append(rec)
-        self.test_predictions = merged

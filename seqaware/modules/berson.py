@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from decoders import PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, BersonState, pair_index
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
-from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container
+from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
 from seqaware.modules.sequencing import pairwise_targets
 
 POINTER_DECODERS = ("beam", "greedy")
@@ -43,6 +43,10 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         head_lr: learning rate of the BERSON network (default: the optimiser's lr, as in BERSON).
         reference_selection: ``joint`` | ``wu2022``: which reference of a multi-reference instance is
             scored (:func:`seqaware.metrics.ordering.select_reference`).
+
+    Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
+    the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
+    with ``trainable: false``; nothing else (every Dropout of the encoder and the BERSON network trains).
     """
 
     def __init__(self, encoder: dict, optimizer: dict, decoder: Optional[dict] = None, scheduler: Optional[dict] = None,
@@ -133,10 +137,24 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         return self.decoder.encode(first, second, cls, index, step_mask)
 
     # ------------------------------------------------------------------ steps
-    def _losses(self, batch: dict) -> tuple[dict[str, torch.Tensor], BersonState]:
+    def _loss_terms(self, batch: dict) -> tuple[dict[str, torch.Tensor], BersonState]:
+        """Per-instance loss sums and counts (:meth:`decoders.berson.BersonDecoder.loss_terms`) and the state."""
         state = self.encode(batch)
         targets, _ = pairwise_targets(batch["gold"], batch["step_mask"])
-        return self.decoder.loss(state, batch["gold"], targets), state
+        return self.decoder.loss_terms(state, batch["gold"], targets), state
+
+    def _losses(self, batch: dict) -> tuple[dict[str, torch.Tensor], BersonState]:
+        """The training loss: pointer NLL per real step + ``lambda_pair`` * BCE per pair, each the
+        mean over the global batch (all ranks; :func:`~seqaware.modules.base.global_share`),
+        and this rank's component means for logging."""
+        t, state = self._loss_terms(batch)
+        steps, pairs = t["steps"].sum(), t["pairs"].sum()
+        share = global_share(torch.stack([steps, pairs]))
+        pointer = t["pointer_nll"].sum() / steps.clamp(min=1)
+        pair = t["pair_bce"].sum() / pairs.clamp(min=1)
+        loss = share[0] * pointer + self.decoder.lambda_pair * share[1] * pair
+        return {"loss": loss, "pointer_loss": pointer.detach(), "pair_loss": pair.detach(),
+                "pair_acc": (t["pair_correct"].sum() / pairs.clamp(min=1)).detach()}, state
 
     def decode(self, state: BersonState) -> list[list[int]]:
         if self.decoding == "beam":
@@ -148,15 +166,20 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses, _ = self._losses(batch)
         n = len(batch["meta"])
-        self.log("train/loss", losses["loss"], prog_bar=True, batch_size=n)
+        # synced: the logged value is the global-batch loss
+        self.log("train/loss", losses["loss"], prog_bar=True, batch_size=n, sync_dist=True)
         self.log_dict({f"train/{k}": v for k, v in losses.items() if k != "loss"}, batch_size=n)
         return losses["loss"]
 
     def _eval_step(self, stage: str, batch: dict) -> None:
-        losses, state = self._losses(batch)
-        n = len(batch["meta"])
-        self.log_dict({f"{stage}/{k}": v for k, v in losses.items()}, batch_size=n, sync_dist=True)
-        self._record_orders(stage, batch, self.decode(state))
+        t, state = self._loss_terms(batch)
+        # val/pointer_loss, val/pair_loss, val/pair_acc: sums over the split / counts; val/loss from them
+        self._record_orders(stage, batch, self.decode(state), losses={
+            "pointer_loss": (t["pointer_nll"], t["steps"]), "pair_loss": (t["pair_bce"], t["pairs"]),
+            "pair_acc": (t["pair_correct"], t["pairs"])})
+
+    def _derived_losses(self, means: dict[str, float]) -> dict[str, float]:
+        return {"loss": means["pointer_loss"] + self.decoder.lambda_pair * means["pair_loss"]}
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("val", batch)

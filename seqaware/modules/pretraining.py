@@ -47,9 +47,10 @@ Checkpoints
     image-only pretraining run's ``encoder.pt`` (two-stage pipeline: ``clip_image_pretrain`` first,
     then ``clipvil_pretrain model.visual.ckpt=...``).
 
-BatchNorm layers anywhere in the encoder (ResNet/EfficientNet visual backbones) stay in eval mode
-with frozen affine parameters when ``freeze_batchnorm`` (pretraining batches of 4 sequences give
-useless batch statistics).
+Frozen parts: BatchNorm layers anywhere in the encoder (ResNet/EfficientNet visual backbones)
+stay in eval mode with frozen affine parameters when ``freeze_batchnorm`` (pretraining batches of
+4 sequences give useless batch statistics), and a visual backbone with ``trainable: false``; every
+other submodule is in train mode during fit (:class:`~seqaware.modules.base.SeqawareModule`).
 """
 from __future__ import annotations
 
@@ -59,7 +60,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
@@ -67,7 +67,7 @@ from torch import nn
 from seqaware.encoders.base import SequenceEncoder, fusion_input
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
-from seqaware.modules.base import SeqawareModule, as_container
+from seqaware.modules.base import SeqawareModule, as_container, global_share, world_size
 from seqaware.objectives import ObjectiveSchedule, build_objective, check_objectives
 from seqaware.objectives.base import EncoderOutput, Objective
 from seqaware.objectives.mlm import IGNORE_INDEX
@@ -113,20 +113,18 @@ def cpu_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def freeze_batchnorm_layers(module: nn.Module) -> int:
-    """Put every BatchNorm layer of ``module`` in eval mode and freeze its affine parameters.
+def freeze_batchnorm_layers(module: nn.Module) -> list[nn.Module]:
+    """Every BatchNorm layer of ``module``, put in eval mode with its affine parameters frozen.
 
-    Returns the number of BatchNorm layers found.  Called from ``train()`` so that Lightning's
-    switching between train and eval never re-enables batch statistics.
+    Called from :meth:`PretrainingModule.frozen_modules` (so at every ``train()``) so that
+    Lightning's switching between train and eval never re-enables batch statistics.
     """
-    count = 0
-    for sub in module.modules():
-        if isinstance(sub, nn.modules.batchnorm._BatchNorm):
-            sub.eval()
-            for p in sub.parameters(recurse=False):
-                p.requires_grad_(False)
-            count += 1
-    return count
+    layers = [sub for sub in module.modules() if isinstance(sub, nn.modules.batchnorm._BatchNorm)]
+    for sub in layers:
+        sub.eval()
+        for p in sub.parameters(recurse=False):
+            p.requires_grad_(False)
+    return layers
 
 
 class TiedLMHead(nn.Module):
@@ -294,7 +292,7 @@ class PretrainingModule(SeqawareModule):
         self.clean_pass_eval = clean_pass_eval
         self.freeze_bn = freeze_batchnorm
         if freeze_batchnorm:
-            n = freeze_batchnorm_layers(self.encoder)
+            n = len(freeze_batchnorm_layers(self.encoder))
             if n:
                 log.info("froze %d BatchNorm layers of the encoder", n)
         embeddings = getattr(self.encoder, "word_embeddings", None)
@@ -302,8 +300,8 @@ class PretrainingModule(SeqawareModule):
             # an image-only encoder never reads its text model's word embeddings: without a gradient
             # DDP's reducer would wait for them forever
             embeddings.weight.requires_grad_(False)
-        # from_pretrained returns modules in eval mode and Lightning keeps the modes it finds: start in
-        # train mode (dropout on), BatchNorm and frozen backbones stay in eval mode (train() above)
+        # train mode from construction on (outside a Trainer too); fit starts in train mode anyway
+        # (SeqawareModule.on_fit_start), BatchNorm and frozen backbones staying in eval mode
         self.train(True)
 
     # ------------------------------------------------------------------ construction
@@ -324,11 +322,9 @@ class PretrainingModule(SeqawareModule):
                 kwargs.setdefault("lm_head", TiedLMHead(embeddings, enc.hidden_size))
         return build_objective(name, **kwargs)
 
-    def train(self, mode: bool = True) -> "PretrainingModule":
-        super().train(mode)
-        if self.freeze_bn:
-            freeze_batchnorm_layers(self.encoder)
-        return self
+    def frozen_modules(self) -> list[nn.Module]:
+        """The encoder's BatchNorm layers when ``freeze_batchnorm`` (see the module docstring)."""
+        return freeze_batchnorm_layers(self.encoder) if self.freeze_bn else []
 
     # ------------------------------------------------------------------ corruption + losses
     def _sample_keys(self, batch: dict) -> list[str]:
@@ -368,18 +364,14 @@ class PretrainingModule(SeqawareModule):
         return fusion_input(self.encoder, batch)
 
     def _world(self) -> int:
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return world_size()
 
     def _weights(self, names: list[str], fusion: dict, targets: dict) -> dict[str, torch.Tensor]:
         """Per-objective factor turning the rank's mean loss into its share of the global-batch mean."""
         device = next(iter(targets.values())).device
         if self.loss_normalization == "local" or self._world() == 1:
             return {n: torch.ones((), device=device) for n in names}
-        local = torch.stack([LOSS_COUNTS[n](fusion, targets).to(device).float() for n in names])
-        total = local.clone()
-        dist.all_reduce(total)
-        weights = torch.where(total > 0, local * self._world() / total.clamp(min=1), torch.zeros_like(local))
-        return dict(zip(names, weights))
+        return dict(zip(names, global_share(torch.stack([LOSS_COUNTS[n](fusion, targets).to(device).float() for n in names]))))
 
     def compute_losses(self, batch: dict, names: tuple[str, ...], when: Any,
                        fusion: Optional[dict] = None) -> tuple[torch.Tensor, dict, dict]:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from decoders.pairwise import decode_pairwise
-from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container
+from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_mean
 
 
 def pairwise_targets(gold: torch.Tensor, step_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,6 +32,8 @@ class PairwiseSequencingModule(OrderingEvalMixin, SeqawareModule):
 
     The network is given as a config (``_target_`` + arguments) and built here, so checkpoints hold
     everything needed by ``PairwiseSequencingModule.load_from_checkpoint(path)``.
+
+    Frozen parts: none (the small CNN and text encoder of the baseline train with their Dropout on).
     """
 
     def __init__(self, net: dict, optimizer: dict, scheduler: dict | None = None, decoder: str = "greedy",
@@ -52,21 +54,26 @@ class PairwiseSequencingModule(OrderingEvalMixin, SeqawareModule):
             raise ValueError(f"the tokenizer has {vocab} tokens but model.net.vocab_size="
                              f"{text.embed.num_embeddings}: set model.net.vocab_size={vocab}")
 
-    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss_terms(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits and the per-instance BCE sums (B,) over the valid pairs, and their counts (B,)."""
         logits = self.net(batch)
         targets, mask = pairwise_targets(batch["gold"], batch["step_mask"])
-        loss = F.binary_cross_entropy_with_logits(logits[mask], targets[mask])
-        return loss, logits
+        bce = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none")
+        return logits, torch.where(mask, bce, torch.zeros_like(bce)).sum((1, 2)), mask.sum((1, 2))
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, _ = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["meta"]))
+        _, sums, counts = self._loss_terms(batch)
+        # the mean over the pairs of the global batch (ranks hold different numbers of pairs)
+        loss = global_mean(sums.sum(), counts.sum())
+        # synced: the logged value is the global-batch loss
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["meta"]), sync_dist=True)
         return loss
 
     def _eval_step(self, stage: str, batch: dict) -> None:
-        loss, logits = self._loss(batch)
-        self.log(f"{stage}/loss", loss, batch_size=len(batch["meta"]), sync_dist=True)
-        self._record_orders(stage, batch, decode_pairwise(self.decoder, logits.float(), batch["step_mask"]))
+        logits, sums, counts = self._loss_terms(batch)
+        # val/loss: the BCE summed over every pair of the split / the number of pairs
+        self._record_orders(stage, batch, decode_pairwise(self.decoder, logits.float(), batch["step_mask"]),
+                            losses={"loss": (sums, counts)})
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("val", batch)

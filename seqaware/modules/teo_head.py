@@ -8,6 +8,10 @@ Validation: TEO consistency accuracy, per-class F1 and baselines on the original
 (:mod:`seqaware.metrics.teo`).  Test: TEO sets again, or CaT-Bench yes/no questions
 (``meta[*]["set"] == "catbench"``): accuracy, dependent F1 (the ``yes`` class) and macro F1 beside
 the trivial baselines.  Test predictions are kept in :attr:`test_predictions` for ``train.py``.
+
+Under DDP the records of every rank are gathered and each presentation counted once
+(:func:`~seqaware.modules.base.gather_unique`, key ``(set, pair_id)``) before scoring, so the logged
+metrics and the predictions file are those of one process.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from torch import nn
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
 from seqaware.metrics.iso import binary_rows, format_table
 from seqaware.metrics.teo import teo_rows, teo_table
-from seqaware.modules.base import SeqawareModule, as_container
+from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +35,12 @@ BINARY_COLUMNS = (("accuracy", "accuracy"), ("f1_yes", "dependent F1"), ("macro_
 
 
 class TeoHeadModule(SeqawareModule):
-    """Sequence encoder + dropout + ``Linear(H, 3)`` trained with cross-entropy on TEO pairs."""
+    """Sequence encoder + dropout + ``Linear(H, 3)`` trained with cross-entropy on TEO pairs.
+
+    Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
+    the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
+    with ``trainable: false``; nothing else (every Dropout of the encoder and the head trains).
+    """
 
     def __init__(self, encoder: dict, optimizer: dict, scheduler: Optional[dict] = None, dropout: float = 0.1,
                  head_lr: Optional[float] = None):
@@ -42,7 +51,7 @@ class TeoHeadModule(SeqawareModule):
         if not self.encoder.uses_text:
             raise ValueError("the TEO head reads step texts: use a text or multimodal encoder (model.encoder)")
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.hidden_size, len(LABELS)))
-        self._outputs: dict[str, list[tuple[dict, str]]] = {"val": [], "test": []}
+        self._outputs: dict[str, list[dict[str, Any]]] = {"val": [], "test": []}
         self.test_predictions: list[dict] = []
         self.test_rows: dict[str, dict[str, Any]] = {}
 
@@ -69,11 +78,10 @@ class TeoHeadModule(SeqawareModule):
 
     def _eval_step(self, stage: str, batch: dict) -> None:
         logits = self(batch)
-        if (batch["labels"] >= 0).any():
-            loss = F.cross_entropy(logits, batch["labels"], ignore_index=-100)
-            self.log(f"{stage}/loss", loss, batch_size=len(batch["meta"]))
-        for item, k in zip(batch["meta"], logits.argmax(-1).tolist()):
-            self._outputs[stage].append((item, LABELS[k]))
+        losses = F.cross_entropy(logits.float(), batch["labels"], ignore_index=-100, reduction="none").tolist()
+        labelled = (batch["labels"] >= 0).tolist()
+        for item, k, loss, has_label in zip(batch["meta"], logits.argmax(-1).tolist(), losses, labelled):
+            self._outputs[stage].append({"item": item, "pred": LABELS[k], "loss": loss if has_label else None})
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("val", batch)
@@ -88,7 +96,13 @@ class TeoHeadModule(SeqawareModule):
         self._outputs["test"] = []
 
     def _report(self, stage: str) -> dict[str, dict[str, Any]]:
-        outputs = self._outputs[stage]
+        records = gather_unique(self._outputs[stage], key=lambda r: (r["item"].get("set", ""), r["item"]["pair_id"]))
+        self._outputs[stage] = []
+        losses = [r["loss"] for r in records if r["loss"] is not None]
+        if losses:  # the mean cross-entropy over the split's labelled pairs
+            self.log(f"{stage}/loss", sum(losses) / len(losses), sync_dist=False)
+        self.log(f"{stage}/n", float(len(records)), sync_dist=False)  # presentations scored, each once
+        outputs = [(r["item"], r["pred"]) for r in records]
         catbench = [(item, pred) for item, pred in outputs if item.get("set") == "catbench"]
         if catbench:
             gold = [item["answer"] for item, _ in catbench]

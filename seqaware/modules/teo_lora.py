@@ -32,7 +32,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from seqaware.metrics.teo import teo_report
-from seqaware.modules.base import SeqawareModule, as_container
+from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 from seqaware.teo import parse_teo_answer
 from seqaware.teo.vlm import BUILT_IN_MODELS, answer_loss, apply_lora, load_internvl
 
@@ -67,6 +67,13 @@ class TeoLoraModule(SeqawareModule):
         adapter_dir: where the PEFT adapter is saved at the end of fit (None: ``<run folder>/adapter``).
         merge_adapter: also save the merged full model to ``adapter_dir/merged``.
         optimizer / scheduler: see :class:`~seqaware.modules.base.SeqawareModule`.
+
+    Train mode: the whole network, frozen base included, is in train mode during fit, as PEFT and
+    the Hugging Face Trainer do (the base's weights are frozen by ``requires_grad``, not by eval
+    mode); no module is kept in eval mode.  The built-in bases have no dropout (``tiny-minilm``
+    sets MiniLM's to 0, like the Qwen decoders of the real recipe) so only the LoRA dropout acts;
+    train mode also makes ``gradient_checkpointing`` take effect on a base loaded by
+    ``from_pretrained`` (which returns it in eval mode).
     """
 
     def __init__(self, name_or_path: str = "tiny", tiny: dict | None = None, init_seed: int = 0, dtype: str = "float32",
@@ -151,18 +158,7 @@ class TeoLoraModule(SeqawareModule):
 
     def _gathered(self) -> list[dict[str, Any]]:
         """This epoch's records from every rank, each (set, pair_id) once (samplers pad by repeats)."""
-        parts = [self._eval_buffer]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(parts, self._eval_buffer)
-        seen, merged = set(), []
-        for part in parts:
-            for rec in part:
-                key = (rec["set"], rec["pair_id"])
-                if key not in seen:
-                    seen.add(key)
-                    merged.append(rec)
-        return merged
+        return gather_unique(self._eval_buffer, key=lambda r: (r["set"], r["pair_id"]))
 
     def _report(self, stage: str) -> dict[str, float]:
         records = self._gathered()
