@@ -53,7 +53,8 @@ def build(cfg: DictConfig, plan: runs.RunPlan | None = None) -> tuple[pl.Lightni
     logger_cfg = cfg.get("logger")
     wandb_id = plan.state.get("wandb_id") if plan is not None and plan.resumed_in_place else None
     if wandb_id and logger_cfg and "wandb" in logger_cfg:
-        logger_cfg = OmegaConf.merge(logger_cfg, {"wandb": {"id": wandb_id, "resume": "allow"}})
+        logger_cfg = OmegaConf.create(OmegaConf.to_container(logger_cfg, resolve=True))  # an open copy
+        logger_cfg.wandb.id, logger_cfg.wandb.resume = wandb_id, "allow"  # log into the same W&B run
     loggers = _instantiate_group(logger_cfg)
     csv_rows: list[tuple[list[str], list[dict]]] = []
     if plan is not None and plan.resumed_in_place and plan.ckpt_path:
