@@ -79,20 +79,21 @@ def _csv_rows(path: Path) -> list[dict]:
         return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(fh)]
 
 
+@pytest.mark.slow  # two fits with W&B offline: about 15 s
 def test_sigterm_then_same_command_resumes_keeps_csv_rows_and_wandb_run(compose_train, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
     monkeypatch.setenv("WANDB_MODE", "offline")
     extra = ["logger=many_loggers", "+logger.wandb._target_=pytorch_lightning.loggers.WandbLogger",
              "+logger.wandb.project=seqaware", f"+logger.wandb.save_dir={tmp_path / 'run'}", "+logger.wandb.offline=true",
-             *_signal_at(8, tmp_path / "signalled")]
-    cfg = _short(compose_train, "test=false", *extra)
+             *_signal_at(4, tmp_path / "signalled")]
+    cfg = _short(compose_train, "test=false", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", *extra)
     with pytest.raises(SystemExit) as stop:
         train.run(cfg)
     out = Path(cfg.paths.output_dir)
     assert stop.value.code == 128 + 15
     state = runs.read_state(out)
     assert state["status"] == "interrupted" and Path(state["checkpoint"]).name == "last.ckpt"
-    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8  # mid epoch 2
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4  # mid epoch 1
     rows_before = _csv_rows(out / "csv" / "metrics.csv")
     assert rows_before and "val/pmr" in rows_before[0]  # epoch 0's validation
 
@@ -100,7 +101,7 @@ def test_sigterm_then_same_command_resumes_keeps_csv_rows_and_wandb_run(compose_
     rows_after = _csv_rows(out / "csv" / "metrics.csv")
     assert rows_after[: len(rows_before)] == rows_before, "resuming deleted earlier metrics.csv rows"
     assert len(rows_after) > len(rows_before)
-    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 12
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     wandb_runs = sorted(p.name.rsplit("-", 1)[-1] for p in (out / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 2 and len(set(wandb_runs)) == 1, f"the resumed run opened a new W&B run: {wandb_runs}"
     assert runs.read_state(out)["status"] == "finished"
@@ -139,9 +140,11 @@ def test_orphan_temporary_files_are_removed_at_start(compose_train):
 
 
 # ------------------------------------------------------------------ resume from another folder
+@pytest.mark.slow  # three short fits: about 13 s
 def test_resume_from_another_folder_keeps_best_checkpoint_tracking(compose_train, tmp_path):
     """lr=0: every epoch scores the same, so the best checkpoint stays epoch 0's (ties do not replace it)."""
-    frozen = ["model.optimizer.lr=0.0", "test=true"]
+    frozen = ["model.optimizer.lr=0.0", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+              "trainer.limit_test_batches=1"]
     straight = _short(compose_train, *frozen, f"paths.output_dir={tmp_path / 'straight'}")
     train.run(straight)
     tested_straight = runs.read_state(tmp_path / "straight")["tested_checkpoint"]
@@ -159,35 +162,32 @@ def test_resume_from_another_folder_keeps_best_checkpoint_tracking(compose_train
 
 
 # ----------------------------------------------------------- end to end, as a user runs it
-@pytest.mark.slow
-def test_sigterm_mid_epoch_then_rerun_equals_uninterrupted_run(tmp_path, cache_dir):
+@pytest.mark.slow  # two launches of train.py: about 30 s on an idle 2-core machine
+def test_sigterm_mid_epoch_then_rerun_equals_uninterrupted_run(compose_train, tmp_path, cache_dir):
     from conftest import TINY_SYNTHETIC
 
+    straight = _short(compose_train, f"paths.output_dir={tmp_path / 'straight'}")  # the uninterrupted run
+    train.run(straight)
+    straight_dir = tmp_path / "straight"
+
     base = [sys.executable, str(ROOT / "train.py"), *TINY, f"paths.cache_dir={cache_dir}",
-            f"paths.log_dir={tmp_path / 'logs'}", "callbacks.progress_bar.refresh_rate=0",
-            *[f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]]
+            f"paths.log_dir={tmp_path / 'logs'}", "callbacks.progress_bar.refresh_rate=0", "run_name=interrupted",
+            *[f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()],
+            *_signal_at(3, tmp_path / "signalled")]  # after step 3 of 6: mid epoch 0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-
-    def launch(*extra):
-        return subprocess.run([*base, *extra], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
-
-    interrupted = [*_signal_at(3, tmp_path / "signalled"), "run_name=interrupted"]  # step 3 of 6: mid epoch 0
-    first = launch(*interrupted)
+    first = subprocess.run(base, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert first.returncode == 128 + 15, first.stderr[-3000:]
     assert "re-run the same command" in first.stderr
     run_dir = tmp_path / "logs" / "order_baseline" / "runs" / "interrupted"
     assert not list(run_dir.rglob("*.tmp"))
-    second = launch(*interrupted)  # the same command again
+    second = subprocess.run(base, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)  # same command
     assert second.returncode == 0, second.stderr[-3000:]
-    straight = launch("run_name=straight")
-    assert straight.returncode == 0, straight.stderr[-3000:]
 
-    straight_dir = run_dir.parent / "straight"
-    assert parse_test_metrics(second.stdout) == parse_test_metrics(straight.stdout) == read_test_metrics(run_dir)
+    assert parse_test_metrics(second.stdout) == read_test_metrics(run_dir) == read_test_metrics(straight_dir)
     tested = Path(runs.read_state(run_dir)["tested_checkpoint"])
     tested_straight = Path(runs.read_state(straight_dir)["tested_checkpoint"])
     assert tested.name == tested_straight.name and tested.parent == run_dir / "checkpoints"
     a, b = torch.load(tested, weights_only=True), torch.load(tested_straight, weights_only=True)
     for key, value in b["state_dict"].items():
         torch.testing.assert_close(a["state_dict"][key], value, rtol=0, atol=0, msg=key)
-    assert (run_dir / "csv" / "metrics.csv").read_text() == (straight_dir / "csv" / "metrics.csv").read_text()
+    assert _csv_rows(run_dir / "csv" / "metrics.csv") == _csv_rows(straight_dir / "csv" / "metrics.csv")
