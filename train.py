@@ -3,12 +3,17 @@
     python train.py                                   # the default experiment on the synthetic data
     python train.py experiment=order_baseline trainer.max_epochs=3
     python train.py -m experiment=order_baseline model.net.modality=text,multimodal
-    python train.py experiment=order_baseline ckpt_path=logs/.../checkpoints/last.ckpt   # resume exactly
+    python train.py experiment=order_baseline run_name=exp1     # logs/order_baseline/runs/exp1; re-run to resume
+    python train.py experiment=order_baseline ckpt_path=logs/.../checkpoints/last.ckpt   # continue another run, exactly
+
+Run folders, resuming, signals and safe loading: docs/running.md.
 """
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +22,14 @@ import pytorch_lightning as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 import seqaware.config  # noqa: F401  (registers the config resolvers)
 from data_modules.datamodule import check_fit_saw_batches
+from seqaware import runs
+from seqaware.callbacks import Preemption
 from seqaware.checkpoint_io import AtomicCheckpointIO
-from seqaware.io import format_test_metrics, write_jsonl
+from seqaware.io import format_test_metrics, write_jsonl, write_test_metrics
 
 log = logging.getLogger("seqaware.train")
 
@@ -33,16 +41,33 @@ def _instantiate_group(cfg: DictConfig | None) -> list[Any]:
     return [instantiate(c) for c in cfg.values() if isinstance(c, DictConfig) and "_target_" in c]
 
 
-def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, pl.LightningModule, pl.Trainer]:
-    """Instantiate data module, model and trainer (with callbacks and loggers) from a composed config."""
+def build(cfg: DictConfig, plan: runs.RunPlan | None = None) -> tuple[pl.LightningDataModule, pl.LightningModule, pl.Trainer]:
+    """Instantiate data module, model and trainer (with callbacks and loggers) from a composed config.
+
+    With a ``plan`` that resumes in the run folder, the W&B run is resumed by id and the CSV log
+    keeps the rows logged before the checkpoint.
+    """
     pl.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     model = instantiate(cfg.model)
     callbacks = _instantiate_group(cfg.get("callbacks"))
-    loggers = _instantiate_group(cfg.get("logger"))
+    logger_cfg = cfg.get("logger")
+    wandb_id = plan.state.get("wandb_id") if plan is not None and plan.resumed_in_place else None
+    if wandb_id and logger_cfg and "wandb" in logger_cfg:
+        logger_cfg = OmegaConf.create(OmegaConf.to_container(logger_cfg, resolve=True))  # an open copy
+        logger_cfg.wandb.id, logger_cfg.wandb.resume = wandb_id, "allow"  # log into the same W&B run
+    loggers = _instantiate_group(logger_cfg)
+    csv_rows: list[tuple[list[str], list[dict]]] = []
+    if plan is not None and plan.resumed_in_place and plan.ckpt_path:
+        step = runs.checkpoint_step(plan.ckpt_path)
+        for lg in loggers:  # read before the CSV writer starts (it deletes an existing metrics.csv)
+            if type(lg).__name__ == "CSVLogger":
+                csv_rows.append(runs.read_csv_rows(Path(lg.log_dir) / "metrics.csv", before_step=step))
     if not loggers:
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()])
+    for header, rows in csv_rows:
+        runs.restore_csv_rows(loggers, header, rows)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
         lg.log_hyperparams(resolved)
@@ -66,19 +91,47 @@ def _finish_wandb(trainer: pl.Trainer) -> None:
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
-    """Fit and/or test as the config says; returns the logged metrics as floats."""
-    datamodule, model, trainer = build(cfg)
+    """Fit and/or test as the config says; returns the logged metrics as floats.
+
+    The run folder (``paths.output_dir``) is checked and resumed first (:func:`seqaware.runs.prepare`).
+    A SIGTERM / SIGUSR1 during fit saves ``checkpoints/last.ckpt`` and exits with 128 + the signal.
+    """
+    out = Path(cfg.paths.output_dir)
+    plan = runs.prepare(out, cfg.get("ckpt_path"), train=cfg.get("train", True))
+    rank_zero = runs.process_rank() == 0
+    if rank_zero:
+        runs.write_state(out, status="running", started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         command=sys.argv, resumed_from=plan.ckpt_path)
+    datamodule, model, trainer = build(cfg, plan)
+    if plan.ckpt_path and cfg.get("train", True) and not plan.resumed_in_place:
+        plan.ckpt_path = runs.rehome_checkpoint(plan.ckpt_path, trainer.checkpoint_callbacks, out)
+    if rank_zero:
+        for lg in trainer.loggers:
+            if type(lg).__name__ == "WandbLogger":
+                runs.write_state(out, wandb_id=lg.version)
     try:
-        return _fit_and_test(cfg, datamodule, model, trainer)
+        metrics = _fit_and_test(cfg, datamodule, model, trainer, plan.ckpt_path)
+    except SIGTERMException:
+        signum = next((cb.received for cb in trainer.callbacks if isinstance(cb, Preemption) and cb.received),
+                      int(signal.SIGTERM))
+        saved = next((str(cb.saved_path) for cb in trainer.callbacks if isinstance(cb, Preemption) and cb.saved_path), None)
+        if trainer.is_global_zero:
+            runs.write_state(out, status="interrupted", signal=signum, checkpoint=saved)
+            print(f"interrupted by signal {signum}; " + (f"resumable checkpoint {saved}: re-run the same command "
+                  f"(same run folder {out}) to resume" if saved else "no checkpoint was saved"), file=sys.stderr)
+        raise SystemExit(128 + signum)
     finally:
         _finish_wandb(trainer)
+    if trainer.is_global_zero:
+        runs.write_state(out, status="finished", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    return metrics
 
 
 def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl.LightningModule,
-                  trainer: pl.Trainer) -> dict[str, float]:
+                  trainer: pl.Trainer, ckpt_path: str | None) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if cfg.get("train", True):
-        trainer.fit(model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        trainer.fit(model=model, datamodule=datamodule, ckpt_path=ckpt_path)
         check_fit_saw_batches(trainer, datamodule)  # never test an untrained model as if it were trained
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     if cfg.get("test", True):
@@ -88,7 +141,7 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
                         "testing the current weights")
         else:
             log.info("testing the best checkpoint %s", ckpt)
-        trainer.test(model=model, datamodule=datamodule, ckpt_path=ckpt)
+        trainer.test(model=model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)  # printed once, below
         test_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
         metrics.update(test_metrics)
         if trainer.is_global_zero:
@@ -97,9 +150,12 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
                 path = Path(cfg.paths.output_dir) / cfg.predictions_file
                 write_jsonl(path, predictions)
                 log.info("wrote %d test predictions to %s", len(predictions), path)
+            write_test_metrics(cfg.paths.output_dir, test_metrics)
+            runs.write_state(cfg.paths.output_dir, tested_checkpoint=ckpt)
             print("test metrics:")
+            width = max((len(k) for k in test_metrics), default=0)
             for key in sorted(test_metrics):
-                print(f"  {key}: {test_metrics[key]:.4f}")
+                print(f"  {key + ':':<{width + 1}} {test_metrics[key]:.4f}")
             print(format_test_metrics(test_metrics))
             sys.stdout.flush()
     return metrics

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import threading
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -46,3 +49,106 @@ class CategoryReport(pl.Callback):
                 rows = [[name, row["n"]] + [row[c] for c in columns[2:]] for name, row in table.items()]
                 lg.experiment.log({"test/category_table": wandb.Table(columns=columns, data=rows),
                                    f"test/category_{self.metric}": wandb.Image(str(chart))})
+
+
+class _SkipFirst:
+    """A sampler that leaves out the first ``skip`` indices of the wrapped sampler's next pass (the
+    part of an interrupted epoch that was already trained on), then behaves as the wrapped one."""
+
+    def __init__(self, inner, skip: int):
+        self.inner, self.skip = inner, int(skip)
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        for i, index in enumerate(self.inner):
+            if i >= skip:
+                yield index
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+
+class Preemption(pl.Callback):
+    """Preemption-safe fitting: on SIGTERM or SIGUSR1 (what SLURM sends before a time limit) save
+    ``<dirpath>/<filename>.ckpt`` at the end of the current training batch and stop; ``train.py``
+    then exits with 128 + the signal number. Re-running the same command resumes from that file
+    (see :mod:`seqaware.runs`), mid-epoch included: the batches of the interrupted epoch already
+    trained on are skipped, so the resumed run sees exactly the data the uninterrupted one saw.
+
+    SIGTERM is caught by Lightning itself; the other ``signals`` are routed to the same flag (so
+    under DDP every rank stops at the same batch).
+    """
+
+    def __init__(self, dirpath: str, filename: str = "last", signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")):
+        self.dirpath = Path(dirpath)
+        self.filename = filename
+        self.signals = [getattr(signal, s) if isinstance(s, str) else signal.Signals(s) for s in signals]
+        self.received: int | None = None
+        self.saved_path: Path | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def path(self) -> Path:
+        return self.dirpath / f"{self.filename}.ckpt"
+
+    def _handler(self, trainer: pl.Trainer):
+        def handle(signum, frame):
+            log.warning("received signal %d: saving a resumable checkpoint after the current batch", signum)
+            self.received = signum
+            trainer._signal_connector.received_sigterm = True  # Lightning's stop flag (broadcast to ranks)
+        return handle
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning warns that a mid-epoch resume repeats data; on_train_start below prevents that
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.signals:
+            if sig == signal.SIGTERM:
+                # Lightning's own SIGTERM handler sets the stop flag; remember that it was SIGTERM
+                previous = signal.getsignal(sig)
+                self._previous[sig] = previous
+
+                def chained(signum, frame, previous=previous):
+                    self.received = signum
+                    if callable(previous):
+                        previous(signum, frame)
+                signal.signal(sig, chained)
+            else:
+                self._previous[sig] = signal.signal(sig, self._handler(trainer))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Resumed mid-epoch: skip the batches of this epoch that were trained on before the stop."""
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        loader = trainer.train_dataloader
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        if not trainer.fit_loop.restarting or not done or batch_sampler is None or not hasattr(batch_sampler, "sampler"):
+            return
+        batch_sampler.sampler = _SkipFirst(batch_sampler.sampler, done * batch_sampler.batch_size)
+        log.info("resumed mid-epoch: skipping the %d batches of epoch %d already trained on", done, trainer.current_epoch)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._restore_handlers()
+        if type(exception).__name__ != "SIGTERMException" or trainer.state.fn != "fit":
+            return
+        if self.received is None:
+            self.received = int(signal.SIGTERM)
+        trainer.save_checkpoint(self.path, weights_only=False)  # a full checkpoint: optimiser, loops, callbacks
+        self.saved_path = self.path
+        if trainer.is_global_zero:
+            log.warning("stopped by signal %d: resumable checkpoint %s (re-run the same command to resume)",
+                        self.received, self.path)

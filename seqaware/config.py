@@ -53,6 +53,11 @@ def register_resolvers() -> None:
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
+    if not OmegaConf.has_resolver("run_dir"):
+        from seqaware.runs import new_run_dir
+
+        # cached: every read of hydra.run.dir in a process gives the one folder reserved for the run
+        OmegaConf.register_new_resolver("run_dir", new_run_dir, use_cache=True)
 
 
 register_resolvers()

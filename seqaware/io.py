@@ -67,3 +67,23 @@ def parse_test_metrics(text: str) -> dict | None:
         if line.startswith(TEST_METRICS_MARKER):
             return json.loads(line[len(TEST_METRICS_MARKER):])
     return None
+
+
+TEST_METRICS_FILE = "test_metrics.json"
+"""The file in a run folder holding the numbers of the run's ``TEST_METRICS_JSON`` line."""
+
+
+def write_test_metrics(run_dir: str | os.PathLike, metrics: dict) -> Path:
+    """Write ``<run_dir>/test_metrics.json`` atomically: the JSON of :func:`format_test_metrics`."""
+    path = Path(run_dir) / TEST_METRICS_FILE
+    with atomic_open(path) as handle:
+        handle.write(format_test_metrics(metrics)[len(TEST_METRICS_MARKER):] + "\n")
+    return path
+
+
+def read_test_metrics(run_dir: str | os.PathLike) -> dict | None:
+    """The metrics of ``<run_dir>/test_metrics.json`` (None when the run has not been tested)."""
+    path = Path(run_dir) / TEST_METRICS_FILE
+    if not path.is_file():
+        return None
+    return parse_test_metrics(TEST_METRICS_MARKER + path.read_text().strip())

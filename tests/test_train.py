@@ -101,14 +101,14 @@ def test_resume_is_exact(compose_train, tmp_path):
     """2 epochs straight == 1 epoch, stop, resume from last.ckpt for the 2nd epoch."""
     full = _short_run(compose_train, "test=false")
     train.run(full)
-    straight = torch.load(Path(full.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+    straight = torch.load(Path(full.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
 
     first = _short_run(compose_train, "test=false", "trainer.max_epochs=1", f"paths.output_dir={tmp_path / 'a'}")
     train.run(first)
     ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
     resumed_cfg = _short_run(compose_train, "test=false", f"ckpt_path={ckpt}", f"paths.output_dir={tmp_path / 'b'}")
     train.run(resumed_cfg)
-    resumed = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)
+    resumed = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=True)
 
     assert resumed["global_step"] == straight["global_step"] == 4
     for key, value in straight["state_dict"].items():

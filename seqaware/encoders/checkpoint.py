@@ -14,14 +14,16 @@ from typing import Optional
 import torch
 from torch import nn
 
+from seqaware.checkpoint_io import load_checkpoint
+
 
 def read_state(path: str | Path, prefix: str = "encoder.") -> dict[str, torch.Tensor]:
     """The tensors of ``path`` below ``prefix`` (prefix stripped); a bare state dict without any
     key under ``prefix`` is returned unchanged."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"encoder checkpoint not found: {path}")
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+        raise FileNotFoundError(f"encoder checkpoint not found: {path} (model.encoder.ckpt / visual_ckpt)")
+    obj = load_checkpoint(path, check_hparams=False)  # weights_only=True: tensors and plain containers only
     state = obj.get("state_dict", obj) if isinstance(obj, dict) else None
     if not isinstance(state, dict) or not state:
         raise ValueError(f"{path}: expected a Lightning checkpoint or a state dict, got {type(obj).__name__}")

@@ -117,6 +117,16 @@ class SeqawareModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         self.train(True)
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs):  # type: ignore[override]
+        """Lightning's loader with ``weights_only=True``, building only allow-listed ``_target_``
+        classes from the checkpoint's hyper-parameters (:mod:`seqaware.checkpoint_io`)."""
+        from seqaware.checkpoint_io import load_checkpoint
+
+        load_checkpoint(checkpoint_path)  # raises UnsafeCheckpointError naming the file and the key
+        kwargs["weights_only"] = True
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+
     def param_groups(self) -> list[dict]:
         """Parameter groups of the optimiser (default: one group of all trainable parameters)."""
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]

@@ -572,7 +572,7 @@ class PretrainingModule(SeqawareModule):
                     best = cb.best_model_path
                     break
         if best is not None:
-            blob = torch.load(best, map_location="cpu", weights_only=False)
+            blob = torch.load(best, map_location="cpu", weights_only=True)
             state = {k[len("encoder."):]: v for k, v in blob["state_dict"].items() if k.startswith("encoder.")}
             source = f"best checkpoint {best}"
         path = Path(self.trainer.default_root_dir) / self.hparams.encoder_file

@@ -246,7 +246,7 @@ class TeoLoraModule(SeqawareModule):
         best = self._best_checkpoint()
         state = None
         if best is not None:
-            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+            state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
         if self.trainer.is_global_zero:
             path = self.save_adapter(self.adapter_path(), state)
             log.info("saved the LoRA adapter (%s) to %s", f"best checkpoint {best}" if best else "final weights", path)
