@@ -69,7 +69,8 @@ def _overrides(region_data: dict, cache: Path | None = None) -> list[str]:
             f"data.val_path={p['val']}", f"data.test_path={p['test']}",
             f"data.collator.region_features={cache or region_data['cache']}", f"data.collator.max_boxes={REGIONS}",
             f"model.encoder.config={TINY_BERT}", "data.collator.image_size=64", "data.batch_size=4",
-            "data.eval_batch_size=4"]
+            "data.eval_batch_size=4",
+            "data.allow_outside_images=true"]   # the fixture's procedures point into the synthetic cache
 
 
 def _copy_cache(region_data: dict, tmp_path: Path) -> Path:
