@@ -46,7 +46,7 @@ class OptunaSweeperConf:
     _target_: str = "hydra_plugins.seqaware_optuna_sweeper.optuna_sweeper.OptunaSweeper"
     # minimize | maximize (the task function's return value)
     direction: str = "maximize"
-    study_name: str = "${task_name}"
+    study_name: str = "${hydra.job.name}"
     # an Optuna storage URL; relative sqlite paths resolve against the working directory
     storage: Optional[str] = "sqlite:///${hydra.sweep.dir}/optuna.db"
     # finished trials the study should hold (a resumed search runs only the missing ones)
@@ -140,7 +140,9 @@ class OptunaSweeper(Sweeper):
     def load_study(self) -> Any:
         import optuna
 
-        sampler = instantiate(self.sampler_cfg) if self.sampler_cfg else None
+        sampler = self.sampler_cfg  # Hydra instantiates the sweeper recursively: usually a sampler already
+        if isinstance(sampler, (dict, DictConfig)):
+            sampler = instantiate(sampler) if sampler else None
         study = optuna.create_study(study_name=self.study_name, storage=self._storage_url(), sampler=sampler,
                                     direction=self.direction, load_if_exists=True)
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
