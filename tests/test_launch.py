@@ -223,3 +223,49 @@ def test_optuna_search_preset_composes(tmp_path):
     assert cfg.optimized_metric == "val/pmr" and sweeper.direction == "maximize"
     for key in sweeper.params:
         assert OmegaConf.select(cfg, key) is not None, f"searched key {key} is not in the config"
+
+
+# ---------------------------------------------------------------- sweeps of train.py
+def _tiny_train_args(cache_dir: Path, logs: Path) -> list[str]:
+    from conftest import TINY_SYNTHETIC
+
+    return ["experiment=order_baseline", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "data.batch_size=4",
+            "data.collator.image_size=32", f"paths.cache_dir={cache_dir}", f"paths.log_dir={logs}",
+            "callbacks.progress_bar.refresh_rate=0", *[f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]]
+
+
+@pytest.mark.slow
+def test_local_submitit_sweep_two_runs(tmp_path, tiny_synthetic_dir, cache_dir):
+    """hydra/launcher=local: 2 jobs, each in its own process, in one sweep folder with two run folders."""
+    logs = tmp_path / "logs"
+    _run([sys.executable, "train.py", "-m", "hydra/launcher=local", "seed=1,2", "optimized_metric=val/pmr",
+          *_tiny_train_args(cache_dir, logs)], cwd=ROOT, timeout=600)  # from the checkout, as users run it
+    sweeps = list((logs / "order_baseline" / "multiruns").iterdir())
+    assert len(sweeps) == 1, sweeps
+    assert not (logs / "order_baseline" / "runs").exists()
+    jobs = sorted(p.name for p in sweeps[0].iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert jobs == ["0", "1"]
+    for job, seed in zip(jobs, (1, 2)):
+        assert (sweeps[0] / job / "predictions_test.jsonl").is_file()
+        assert yaml.safe_load((sweeps[0] / job / ".hydra" / "config.yaml").read_text())["seed"] == seed
+    # submitit ran them: its job folders (one per job) hold the pickled results
+    assert len(list(sweeps[0].glob(".submitit/*/*_result.pkl"))) == 2
+
+
+@pytest.mark.slow
+def test_multirun_with_ddp_makes_one_sweep_folder(tmp_path, tiny_synthetic_dir, cache_dir):
+    """-m with trainer=ddp (2 CPU processes): rank 1 runs the same job in the job's folder; no second
+    sweep folder and no stray run folder (seqaware.launch.pin_ddp_relaunch)."""
+    logs = tmp_path / "logs"
+    res = _run([sys.executable, str(ROOT / "train.py"), "-m", "seed=1", "trainer=ddp", "trainer.accelerator=cpu",
+                "trainer.devices=2", *_tiny_train_args(cache_dir, logs)], cwd=tmp_path, timeout=600)
+    task = logs / "order_baseline"
+    assert sorted(p.name for p in task.iterdir()) == ["multiruns"], list(task.rglob("*"))[:20]
+    sweeps = list((task / "multiruns").iterdir())
+    assert len(sweeps) == 1, sweeps
+    assert sorted(p.name for p in sweeps[0].iterdir() if p.is_dir()) == ["0"]
+    job = sweeps[0] / "0"
+    assert (job / "train_ddp_process_1.log").is_file(), "rank 1 did not run in the job's folder"
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in res.stderr + res.stdout
+    assert len((job / "predictions_test.jsonl").read_text().splitlines()) == 8
