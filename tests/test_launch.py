@@ -179,6 +179,12 @@ def test_optuna_sweeper_reruns_interrupted_trials_and_records_failures(objective
     _run([sys.executable, "app.py", "hydra.sweeper.n_trials=3", "fail=true"], cwd=app)
     trials = _study(sweep).trials
     assert len(trials) == 4 and trials[-1].state == TrialState.FAIL and "interrupted" not in trials[-1].user_attrs
+    # a searched key missing from the config stops the search and leaves no RUNNING trial behind
+    res = subprocess.run([sys.executable, "app.py", "hydra.sweeper.n_trials=4", "z=choice(1, 2)"], capture_output=True,
+                         text=True, timeout=300, cwd=app, env=ENV)
+    assert res.returncode != 0 and "Key 'z' is not in struct" in res.stderr
+    trials = _study(sweep).trials
+    assert len(trials) == 5 and trials[-1].state == TrialState.FAIL and trials[-1].user_attrs == {"config_error": True}
 
 
 @pytest.mark.parametrize("line, kind, expected", [

@@ -14,7 +14,7 @@ Behaviour:
   search: only the missing trials run. Trials left RUNNING by a killed search are marked FAIL
   and their parameters are enqueued again.
 * ``n_trials`` is the number of finished trials the study should hold (complete or failed in the
-  job); ``n_jobs`` trials are asked at once and launched as one batch (parallel with submitit).
+  job; not trials whose config did not compose, which stop the search); ``n_jobs`` trials are asked at once and launched as one batch (parallel with submitit).
 * a trial's value is the task function's return value (``train.py`` returns ``optimized_metric``);
   a job that raises or returns no number is told to Optuna as FAIL and the search goes on.
 * each trial's job number is its Optuna trial number, so its run folder is ``<sweep dir>/<number>``.
@@ -160,7 +160,8 @@ class OptunaSweeper(Sweeper):
 
         return sum(1 for t in study.get_trials(deepcopy=False)
                    if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                   or (t.state == TrialState.FAIL and not t.user_attrs.get(INTERRUPTED)))
+                   or (t.state == TrialState.FAIL and not t.user_attrs.get(INTERRUPTED)
+                       and not t.user_attrs.get("config_error")))
 
     def sweep(self, arguments: List[str]) -> Any:
         from optuna.trial import TrialState
@@ -180,7 +181,13 @@ class OptunaSweeper(Sweeper):
         while done < self.n_trials:
             trials = [study.ask(space) for _ in range(min(self.n_jobs, self.n_trials - done))]
             batch = [fixed + [f"{key}={trial.params[key]}" for key in space] for trial in trials]
-            self.validate_batch_is_legal(batch)
+            try:
+                self.validate_batch_is_legal(batch)
+            except Exception:  # a config that does not compose: leave no RUNNING trial behind
+                for trial in trials:
+                    trial.set_user_attr("config_error", True)
+                    study.tell(trial, state=TrialState.FAIL)
+                raise
             # job number == trial number: launch each run of consecutive trial numbers as one batch
             results: list = []
             start = 0
