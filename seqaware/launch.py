@@ -19,13 +19,15 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
 
 def pin_ddp_relaunch() -> bool:
     """In a Hydra multirun job, point Lightning's re-launch of DDP ranks at this job and folder.
 
     Rewrites ``sys.argv`` to this job's task overrides + ``hydra.mode=RUN`` and sets the Hydra
     config's ``run.dir`` to the job's output folder (Lightning appends ``hydra.run.dir=<run.dir>``).
-    Returns True when it changed something (a multirun job), False otherwise.
+    Returns True when it changed something (a multirun job of Hydra's basic launcher), False otherwise.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -34,12 +36,15 @@ def pin_ddp_relaunch() -> bool:
     if not HydraConfig.initialized():
         return False
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode != RunMode.MULTIRUN:
+    # only Hydra's basic launcher runs the jobs inside the process whose command line Lightning reuses
+    # (submitit jobs run `python -m submitit.core._submit`; on SLURM, srun starts every rank itself)
+    if hydra_cfg.mode != RunMode.MULTIRUN or hydra_cfg.launcher.get("_target_") != BASIC_LAUNCHER:
         return False
     output_dir = hydra_cfg.runtime.output_dir
     with read_write(hydra_cfg), open_dict(hydra_cfg):
         hydra_cfg.run.dir = output_dir
     sys.argv = [sys.argv[0], *hydra_cfg.overrides.task, "hydra.mode=RUN"]
+    log.debug("DDP ranks > 0 will re-run this job in %s: %s", output_dir, sys.argv[1:])
     return True
 
 

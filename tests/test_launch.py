@@ -275,3 +275,36 @@ def test_multirun_with_ddp_makes_one_sweep_folder(tmp_path, tiny_synthetic_dir, 
     assert (job / "train_ddp_process_1.log").is_file(), "rank 1 did not run in the job's folder"
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in res.stderr + res.stdout
     assert len((job / "predictions_test.jsonl").read_text().splitlines()) == 8
+
+
+@pytest.mark.parametrize("launcher, pinned", [("basic", True), ("local", False)])
+def test_pin_ddp_relaunch_points_at_the_job(tmp_path, monkeypatch, launcher, pinned):
+    """Fast check of what Lightning's re-launch will see: this job's overrides, RUN mode, its folder."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    from seqaware.launch import pin_ddp_relaunch
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            cfg = compose("train.yaml", overrides=["seed=3", "trainer=ddp", f"hydra/launcher={launcher}"],
+                          return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.MULTIRUN
+        cfg.hydra.runtime.output_dir = str(tmp_path / "sweep" / "0")
+        cfg.hydra.overrides.task = ["seed=3", "trainer=ddp"]
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", HydraConfig.instance().cfg)  # restored afterwards
+    HydraConfig.instance().set_config(cfg)
+    monkeypatch.setattr(sys, "argv", ["train.py", "-m", "seed=3,4", "trainer=ddp"])
+    assert pin_ddp_relaunch() is pinned
+    if pinned:
+        assert sys.argv == ["train.py", "seed=3", "trainer=ddp", "hydra.mode=RUN"]
+        assert HydraConfig.get().run.dir == str(tmp_path / "sweep" / "0")
+    else:
+        assert sys.argv == ["train.py", "-m", "seed=3,4", "trainer=ddp"]
