@@ -152,10 +152,12 @@ def test_optuna_sweeper_runs_and_resumes_the_study(objective_app):
     _run([sys.executable, "app.py"], cwd=app)
     assert len(_study(sweep).trials) == 3
     # more trials: the study is loaded and grows; the earlier trials are kept as they were
-    _run([sys.executable, "app.py", "hydra.sweeper.n_trials=5"], cwd=app)
+    # (random sampling only: the same seed must not replay the first run's draws)
+    _run([sys.executable, "app.py", "hydra.sweeper.n_trials=5", "hydra.sweeper.sampler.n_startup_trials=10"], cwd=app)
     study = _study(sweep)
     assert len(study.trials) == 5 and all(t.state == TrialState.COMPLETE for t in study.trials)
     assert [(t.number, t.params) for t in study.trials[:3]] == first
+    assert not {t.params["x"] for t in study.trials[3:]} & {params["x"] for _, params in first}
     assert (sweep / "4").is_dir()
 
 

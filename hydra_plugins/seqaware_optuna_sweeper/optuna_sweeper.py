@@ -12,7 +12,8 @@ Behaviour:
 * the study lives in ``storage`` (default: sqlite in the sweep folder) under ``study_name`` and is
   loaded if it exists, so rerunning the same command with the same ``hydra.sweep.dir`` continues the
   search: only the missing trials run. Trials left RUNNING by a killed search are marked FAIL
-  and their parameters are enqueued again.
+  and their parameters are enqueued again. A resumed study's sampler is reseeded (its seed would
+  replay the first run's random draws), so a resumed search is not bit-reproducible.
 * ``n_trials`` is the number of finished trials the study should hold (complete or failed in the
   job; not trials whose config did not compose, which stop the search); ``n_jobs`` trials are asked at once and launched as one batch (parallel with submitit).
 * a trial's value is the task function's return value (``train.py`` returns ``optimized_metric``);
@@ -151,6 +152,10 @@ class OptunaSweeper(Sweeper):
             study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
             study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
             study.enqueue_trial(trial.params, skip_if_exists=False)
+        if study.trials:
+            # the sampler's seed would replay the first run's random draws (duplicate trials)
+            log.info("resuming study %r (%d trials): sampler reseeded", self.study_name, len(study.trials))
+            study.sampler.reseed_rng()
         return study
 
     @staticmethod
