@@ -32,7 +32,7 @@ def test_slurm_launcher_composes_with_overrides(tmp_path):
     cfg = yaml.safe_load(res.stdout)
     launcher = cfg["hydra"]["launcher"]
     assert (cfg["trainer"]["num_nodes"], cfg["trainer"]["devices"], cfg["trainer"]["strategy"]) == (2, 4, "ddp")
-    assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    assert launcher["_target_"] == "hydra_plugins.seqaware_submitit.requeue_launcher.RequeueSlurmLauncher"
     assert (launcher["partition"], launcher["nodes"], launcher["gpus_per_node"]) == ("gpu", 2, 4)
     assert launcher["tasks_per_node"] == 4, "one SLURM task per GPU"
     assert launcher["timeout_min"] == 1440 and launcher["max_num_timeout"] == 5
@@ -310,3 +310,31 @@ def test_pin_ddp_relaunch_points_at_the_job(tmp_path, monkeypatch, launcher, pin
         assert HydraConfig.get().run.dir == str(tmp_path / "sweep" / "0")
     else:
         assert sys.argv == ["train.py", "-m", "seed=3,4", "trainer=ddp"]
+
+
+@pytest.mark.parametrize("exit_code, requeued", [(128 + 10, True), (128 + 15, False), (1, False), (None, False)])
+def test_slurm_launcher_hands_a_checkpointed_stop_to_submitit(monkeypatch, exit_code, requeued):
+    """A job that exits with 128 + SIGUSR1 (checkpoint saved) re-raises SIGUSR1 for submitit's
+    requeue handler; any other exit passes through."""
+    import signal
+
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+    from hydra_plugins.seqaware_submitit.requeue_launcher import RequeueSlurmLauncher
+
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    monkeypatch.setattr("submitit.core.job_environment.JobEnvironment.USR_SIG", "USR1")
+    assert int(signal.SIGUSR1) == 10
+
+    def job(self, *args, **kwargs):
+        raise SystemExit(exit_code)
+
+    monkeypatch.setattr(SlurmLauncher, "__call__", job)
+    heard = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: heard.append(signum))
+    try:
+        with pytest.raises(SystemExit) as stop:
+            RequeueSlurmLauncher()([], "hydra.sweep.dir", 0, "id", {})
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert stop.value.code == exit_code
+    assert heard == ([signal.SIGUSR1] if requeued else [])
