@@ -318,7 +318,6 @@ def test_slurm_launcher_hands_a_checkpointed_stop_to_submitit(monkeypatch, exit_
     requeue handler; any other exit passes through."""
     import signal
 
-    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
     from hydra_plugins.seqaware_submitit.requeue_launcher import RequeueSlurmLauncher
 
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
@@ -328,7 +327,8 @@ def test_slurm_launcher_hands_a_checkpointed_stop_to_submitit(monkeypatch, exit_
     def job(self, *args, **kwargs):
         raise SystemExit(exit_code)
 
-    monkeypatch.setattr(SlurmLauncher, "__call__", job)
+    # the parent class itself (Hydra's plugin scan may have loaded a second copy of its module)
+    monkeypatch.setattr(RequeueSlurmLauncher.__mro__[1], "__call__", job)
     heard = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: heard.append(signum))
     try:
