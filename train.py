@@ -20,7 +20,7 @@ from typing import Any
 import hydra
 import pytorch_lightning as pl
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
@@ -30,6 +30,7 @@ from seqaware import runs
 from seqaware.callbacks import Preemption
 from seqaware.checkpoint_io import AtomicCheckpointIO
 from seqaware.io import format_test_metrics, write_jsonl, write_test_metrics
+from seqaware.launch import pin_ddp_relaunch
 
 log = logging.getLogger("seqaware.train")
 
@@ -65,7 +66,14 @@ def build(cfg: DictConfig, plan: runs.RunPlan | None = None) -> tuple[pl.Lightni
                 csv_rows.append(runs.read_csv_rows(Path(lg.log_dir) / "metrics.csv", before_step=step))
     if not loggers:
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()])
+    # trainer.plugins: a dict of plugins; an entry that instantiates to None (e.g. the SLURM environment
+    # outside SLURM) is left out
+    plugins = [p for p in _instantiate_group(cfg.trainer.get("plugins")) if p is not None]
+    trainer_cfg = cfg.trainer.copy()  # keeps its parent: interpolations still resolve
+    with open_dict(trainer_cfg):
+        trainer_cfg.pop("plugins", None)
+    trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False,
+                          plugins=[AtomicCheckpointIO(), *plugins])
     for header, rows in csv_rows:
         runs.restore_csv_rows(loggers, header, rows)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -163,6 +171,7 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")
 def main(cfg: DictConfig) -> float | None:
+    pin_ddp_relaunch()  # in a -m sweep, DDP's extra ranks re-run this job in this folder (no stray sweep)
     metrics = run(cfg)
     name = cfg.get("optimized_metric")
     if name:

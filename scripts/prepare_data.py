@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option (repeatable)")
     parser.add_argument("--task-option", action="append", default=[], metavar="TASK.KEY=VALUE",
                         help="keyword argument of a task builder (repeatable)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 
     from data_modules.adapters.prepare import prepare_dataset
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         options = parse_options(args.option, "--option")
         task_options = parse_task_options(args.task_option)
         result, instances = prepare_dataset(args.dataset, args.src, args.out, tasks=tasks, options=options,
-                                            task_options=task_options)
+                                            task_options=task_options, progress=not args.no_progress)
     except (ProcedureFormatError, AdapterOptionError, FileNotFoundError, ImportError, KeyError, ValueError,
             TypeError) as err:
         print(f"error: {err}", file=sys.stderr)

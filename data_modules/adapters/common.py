@@ -17,6 +17,8 @@ import io
 import json
 import re
 from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -52,6 +54,35 @@ def check_split(split: Any) -> str:
     return str(split)
 
 
+# ---------------------------------------------------------------- progress
+_PROGRESS: ContextVar[Any] = ContextVar("conversion_progress", default=None)
+
+
+class RecordCounter(Counter):
+    """``AdapterResult.records_read``: every adapter counts its input records here, so an increment
+    also moves the bar of an enclosing :func:`conversion_progress` (if any)."""
+
+    def __setitem__(self, key: Any, value: int) -> None:
+        bar = _PROGRESS.get()
+        if bar is not None:
+            bar.update(value - self.get(key, 0))
+        super().__setitem__(key, value)
+
+
+@contextmanager
+def conversion_progress(desc: str, progress: bool | None = None) -> Iterator[Any]:
+    """A tqdm bar counting the input records adapters read inside this block (``progress`` None:
+    only on a terminal, and not with ``TQDM_DISABLE=1``)."""
+    from tqdm import tqdm
+
+    with tqdm(desc=desc, unit="rec", disable=None if progress is None else not progress) as bar:
+        token = _PROGRESS.set(bar)
+        try:
+            yield bar
+        finally:
+            _PROGRESS.reset(token)
+
+
 @dataclass
 class AdapterResult:
     """What an adapter produced from a raw release.
@@ -66,7 +97,7 @@ class AdapterResult:
 
     splits: dict[str, list[Procedure]] = field(default_factory=dict)
     tasks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    records_read: Counter = field(default_factory=Counter)
+    records_read: Counter = field(default_factory=RecordCounter)
     dropped: Counter = field(default_factory=Counter)
 
     def add(self, procedure: Procedure) -> None:

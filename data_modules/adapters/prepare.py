@@ -25,8 +25,10 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from tqdm import tqdm
+
 from data_modules.adapters import run_adapter
-from data_modules.adapters.common import AdapterOptionError, AdapterResult
+from data_modules.adapters.common import AdapterOptionError, AdapterResult, conversion_progress
 from data_modules.adapters.report import CONVERSION_FILE
 from data_modules.tasks.coherence import coherence_instances
 from data_modules.tasks.iso import iso_instances
@@ -68,18 +70,22 @@ def check_ids_across_splits(result: AdapterResult, src: str | os.PathLike) -> No
 
 def prepare_dataset(dataset: str, src: str | os.PathLike, out: str | os.PathLike, tasks: Sequence[str] = (),
                     options: dict[str, Any] | None = None,
-                    task_options: dict[str, dict[str, Any]] | None = None) -> tuple[AdapterResult, dict[str, list[dict]]]:
-    """Run the adapter, write the prepared folder ``out``; returns the result and all task instances."""
+                    task_options: dict[str, dict[str, Any]] | None = None,
+                    progress: bool | None = None) -> tuple[AdapterResult, dict[str, list[dict]]]:
+    """Run the adapter, write the prepared folder ``out``; returns the result and all task instances.
+
+    ``progress``: tqdm bars for the records read and the tasks built (None: only on a terminal)."""
     out = Path(out)
     options = dict(options or {})
     task_options = dict(task_options or {})
     unknown = sorted(set(task_options) - set(tasks))
     if unknown:
         raise AdapterOptionError(f"task options given for task(s) {unknown} that were not requested (tasks: {list(tasks)})")
-    result = run_adapter(dataset, src, out / "images", **options)
+    with conversion_progress(f"{dataset}: reading {Path(src).name}", progress):
+        result = run_adapter(dataset, src, out / "images", **options)
     check_ids_across_splits(result, src)
     instances: dict[str, list[dict]] = dict(result.tasks)
-    for task in tasks:
+    for task in tqdm(tasks, desc="building tasks", unit="task", disable=None if progress is None else not progress):
         if task in instances:
             raise AdapterOptionError(f"task {task!r} is already provided by the {dataset} adapter; do not request it again")
         instances[task] = build_task(task, result.splits, **task_options.get(task, {}))

@@ -117,12 +117,16 @@ class OutputCache:
 
 
 def run_queries(queries: Sequence[Query], generate: GenerateFn, cache: OutputCache, batch_size: int = 8,
-                extra: Mapping[str, Any] | None = None) -> list[str]:
+                extra: Mapping[str, Any] | None = None, progress: bool | None = None) -> list[str]:
     """Replies to ``queries`` (in order): cached ones are reused, the rest generated in batches.
 
     Each generated batch is appended to ``cache`` before the next one starts. ``extra`` fields
     (model name, strategy, ...) are stored in each new record for humans; they are not part of the key.
+    ``progress``: a tqdm bar over the prompts to generate (None: only on a terminal, and not with
+    the environment variable ``TQDM_DISABLE=1``).
     """
+    from tqdm import tqdm
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     seen: set[tuple[str, str, str]] = set()
@@ -133,6 +137,8 @@ def run_queries(queries: Sequence[Query], generate: GenerateFn, cache: OutputCac
             missing.append(q)
     if missing:
         log.info("%d of %d prompts not cached: generating in batches of %d", len(missing), len(queries), batch_size)
+    bar = tqdm(total=len(missing), desc="generating", unit="prompt", disable=None if progress is None else not progress,
+               postfix={"cached": len(queries) - len(missing)})
     for start in range(0, len(missing), batch_size):
         batch = missing[start:start + batch_size]
         outputs = list(generate([q.messages for q in batch]))
@@ -141,6 +147,8 @@ def run_queries(queries: Sequence[Query], generate: GenerateFn, cache: OutputCac
                                "(expected one string per prompt)")
         cache.append([{"item_id": q.item_id, "set": q.set_name, "prompt_hash": q.hash, "output": o, **(extra or {})}
                       for q, o in zip(batch, outputs)])
+        bar.update(len(batch))
+    bar.close()
     return [cache.get(q.key) for q in queries]
 
 

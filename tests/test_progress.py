@@ -1,0 +1,127 @@
+"""Progress a user can see: the training bar that redraws by wall time, the VLM generation bar of
+run_queries and the release-conversion bar of prepare_dataset."""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from seqaware.progress import TimedProgressBar
+
+
+# ---------------------------------------------------------------- training bar
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr("seqaware.progress.time.monotonic", fake)
+    return fake
+
+
+def test_redraws_by_batches_or_by_wall_time(clock):
+    bar = TimedProgressBar(refresh_rate=10, refresh_seconds=5.0)
+    assert bar._should_update(10, 100)          # every refresh_rate batches, as Lightning's bar
+    clock.now += 4.9
+    assert not bar._should_update(11, 100)      # neither 10 batches nor 5 s since the last redraw
+    clock.now += 0.2
+    assert bar._should_update(12, 100)          # 5.1 s: redraw although only 2 batches passed
+    assert not bar._should_update(13, 100)      # the clock restarts at each redraw
+    assert bar._should_update(100, 100)         # the last batch always
+    slow_only = TimedProgressBar(refresh_rate=10, refresh_seconds=None)
+    clock.now += 1000
+    assert not slow_only._should_update(3, 100)
+    off = TimedProgressBar(refresh_rate=0, refresh_seconds=0)
+    assert not off._should_update(10, 100)
+    with pytest.raises(ValueError, match="refresh_seconds"):
+        TimedProgressBar(refresh_seconds=-1)
+
+
+class TinyModule(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class BarProbe(pl.Callback):
+    """Records the count the training bar shows after each batch (runs after the bar)."""
+
+    def __init__(self, bar: TimedProgressBar) -> None:
+        self.bar, self.shown = bar, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.shown.append(self.bar.train_progress_bar.n)
+
+
+@pytest.mark.parametrize("refresh_seconds, expected", [(0.0, [1, 2, 3, 4, 5, 6]), (3600.0, [0, 0, 0, 0, 0, 6])])
+def test_training_bar_moves_on_slow_steps(tmp_path, refresh_seconds, expected):
+    """refresh_rate 100 (never reached in 6 batches): the bar moves at every batch only by time."""
+    bar = TimedProgressBar(refresh_rate=100, refresh_seconds=refresh_seconds)
+    probe = BarProbe(bar)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_model_summary=False, callbacks=[bar, probe], default_root_dir=tmp_path)
+    trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(12, 2)), batch_size=2))
+    assert probe.shown == expected
+
+
+def test_callbacks_config_uses_the_timed_bar(compose_train):
+    from hydra.utils import instantiate
+
+    cfg = compose_train("callbacks.progress_bar.refresh_rate=10")
+    bar = instantiate(cfg.callbacks.progress_bar)
+    assert isinstance(bar, TimedProgressBar) and bar.refresh_seconds == 5.0 and bar.refresh_rate == 10
+
+
+# ---------------------------------------------------------------- VLM generation bar
+def test_run_queries_bar_counts_generated_prompts(tmp_path, capsys):
+    from seqaware.teo.runner import OutputCache, make_query, run_queries
+
+    queries = [make_query(f"p{i}", "original", [{"role": "user", "content": [{"type": "text", "text": f"q{i}"}]}], "sig")
+               for i in range(6)]
+    cache = OutputCache(tmp_path / "raw.jsonl")
+    cache.append([{"item_id": "p0", "set": "original", "prompt_hash": queries[0].hash, "output": "A"}])
+    def slow_generate(batch):  # tqdm draws at most every 0.1 s
+        time.sleep(0.15)
+        return ["B"] * len(batch)
+
+    replies = run_queries(queries, slow_generate, cache, batch_size=2, progress=True)
+    assert replies == ["A"] + ["B"] * 5
+    err = capsys.readouterr().err
+    shown = [int(m) for m in re.findall(r"generating:.*?\| (\d)/5 ", err)]
+    assert shown[-1] == 5 and {2, 4}.issubset(shown), err  # one step per generated batch of 2
+    assert "cached=1" in err
+    run_queries(queries, lambda batch: ["C"] * len(batch), cache, batch_size=2, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------- release conversion bar
+def test_prepare_dataset_bar_counts_input_records(tmp_path, capsys):
+    from test_adapters import RFG_EDGES, RFG_TOKENS, write_rfg
+
+    from data_modules.adapters.prepare import prepare_dataset
+
+    for i in range(3):
+        write_rfg(tmp_path / "rfg", f"R{i}", RFG_TOKENS, RFG_EDGES)
+    result, _ = prepare_dataset("rfg", tmp_path / "rfg", tmp_path / "out", tasks=["teo"], progress=True)
+    err = capsys.readouterr().err
+    assert sum(result.records_read.values()) == 3
+    assert [int(m) for m in re.findall(r"rfg: reading rfg: (\d+)rec", err)][-1] == 3, err
+    assert "building tasks: 100%" in err
+    prepare_dataset("rfg", tmp_path / "rfg", tmp_path / "out2", progress=False)
+    assert capsys.readouterr().err == ""
