@@ -34,6 +34,7 @@ ALLOWED_TARGETS: tuple[str, ...] = (
     "pytorch_lightning.Trainer", "pytorch_lightning.callbacks", "pytorch_lightning.loggers",
     "pytorch_lightning.strategies",
     "hydra.utils.get_class",            # returns a class without calling it; its ``path`` is checked too
+    "optuna.samplers",                  # hparams_search=optuna_tpe (the sweeper's sampler)
 )
 """Dotted prefixes a ``_target_`` may start with (a whole name component: ``torch.optim`` allows
 ``torch.optim.AdamW``, not ``torch.optimizer_hack``)."""
