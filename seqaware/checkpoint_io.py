@@ -35,6 +35,8 @@ ALLOWED_TARGETS: tuple[str, ...] = (
     "pytorch_lightning.strategies",
     "hydra.utils.get_class",            # returns a class without calling it; its ``path`` is checked too
     "optuna.samplers",                  # hparams_search=optuna_tpe (the sweeper's sampler)
+    # Hydra launcher / sweeper plugins of hydra/launcher=slurm|local and hparams_search=optuna_tpe
+    "hydra_plugins.seqaware_submitit", "hydra_plugins.seqaware_optuna_sweeper", "hydra_plugins.hydra_submitit_launcher",
 )
 """Dotted prefixes a ``_target_`` may start with (a whole name component: ``torch.optim`` allows
 ``torch.optim.AdamW``, not ``torch.optimizer_hack``)."""
