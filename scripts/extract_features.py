@@ -12,7 +12,7 @@ normalised to [0, 1], their scores and the image size.  One ``<sha1 of the image
 per image under ``--out`` (read back with :class:`seqaware.encoders.regions.RegionFeatureCache`),
 written atomically; a rerun skips images already cached, so an interrupted run resumes.
 Train on the cache with ``python train.py experiment=visualbert_pretrain encoder@model.encoder=visualbert_detector
-data.collator.region_features=OUT data.collator.max_boxes=36`` (README, "VisualBERT region features").
+data.collator.region_features=OUT data.collator.max_boxes=36`` (README, "Real data and real pretrained weights").
 
 Weights: ``--weights PATH`` (a torchvision ``fasterrcnn_resnet50_fpn`` state dict, e.g. the COCO
 ``fasterrcnn_resnet50_fpn_coco-258fb6c6.pth``) or ``random`` (random init: set

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Is image-swap prediction (ISP) learnable from the frozen visual features, and how fast does the
-encoder pick it up?  A diagnostic for "ISP stays at chance" (README, "Convergence at full size").
+encoder pick it up?  A diagnostic for "ISP stays at chance" (docs/results/pretraining.md).
 
     python scripts/isp_probe.py                                    # CLIP-ViL offline preset, std 0.02 vs 0.1
     python scripts/isp_probe.py --steps 400 --step-init-std 0.02 0.1 0.3

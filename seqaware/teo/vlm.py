@@ -13,7 +13,7 @@
   package, run as a causal decoder (its WordPiece tokenizer + InternVL's special tokens, output
   head = the word embeddings). A frozen random base gives LoRA nothing to adapt (it learns the
   answer format, then answers "independent" to everything); this one gives it pretrained features,
-  on a CPU, with the same processor / LoRA / PEFT path (README: results on the synthetic pairs).
+  on a CPU, with the same processor / LoRA / PEFT path (docs/results/teo.md).
 * :func:`internvl_config_8b` -- the InternVL3.5-8B architecture (Qwen3-8B + InternViT-300M) as an
   :class:`~transformers.InternVLConfig` built in code, for throughput/memory benchmarks with random
   weights (no download).
