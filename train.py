@@ -174,7 +174,7 @@ def main(cfg: DictConfig) -> float | None:
     pin_ddp_relaunch()  # in a -m sweep, DDP's extra ranks re-run this job in this folder (no stray sweep)
     metrics = run(cfg)
     name = cfg.get("optimized_metric")
-    if name:
+    if name and cfg.get("train", True):  # an evaluation-only run (train=false) logs no val/ metric to return
         if name not in metrics:
             raise KeyError(f"optimized_metric={name!r} was not logged; logged: {sorted(metrics)}")
         return metrics[name]
