@@ -147,7 +147,7 @@ class Preemption(pl.Callback):
             return
         if self.received is None:
             self.received = int(signal.SIGTERM)
-        trainer.save_checkpoint(self.path, weights_only=False)  # a full checkpoint: optimiser, loops, callbacks
+        trainer.save_checkpoint(self.path)  # a full checkpoint (optimiser, loops, callbacks); loaded with weights_only=True
         self.saved_path = self.path
         if trainer.is_global_zero:
             log.warning("stopped by signal %d: resumable checkpoint %s (re-run the same command to resume)",
