@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -102,7 +103,9 @@ def test_sigterm_then_same_command_resumes_keeps_csv_rows_and_wandb_run(compose_
     assert rows_after[: len(rows_before)] == rows_before, "resuming deleted earlier metrics.csv rows"
     assert len(rows_after) > len(rows_before)
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
-    wandb_runs = sorted(p.name.rsplit("-", 1)[-1] for p in (out / "wandb").glob("offline-run-*"))
+    # offline-run-<YYYYmmdd_HHMMSS>-<run id>; W&B appends "-1" when both runs start in the same second
+    wandb_runs = sorted(re.fullmatch(r"offline-run-\d{8}_\d{6}-([a-z0-9]+)(?:-\d+)?", p.name).group(1)
+                        for p in (out / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 2 and len(set(wandb_runs)) == 1, f"the resumed run opened a new W&B run: {wandb_runs}"
     assert runs.read_state(out)["status"] == "finished"
 
