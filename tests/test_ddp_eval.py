@@ -125,6 +125,47 @@ def test_two_processes_test_a_checkpoint_exactly_like_one(compose_train, cache_d
     assert set(two) == set(one)
 
 
+TINY_PRETRAIN = ["experiment=clipvil_pretrain", "objectives=all", "model.objectives.smrm.vocab_scope=sequence",
+                 "model.encoder.config={model_type: bert, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
+                 "intermediate_size: 64, vocab_size: 30522, max_position_embeddings: 256}",
+                 "data.collator.image_size=32", "data.batch_size=4", "data.eval_batch_size=2", "data.num_workers=0",
+                 "logger=csv", "callbacks.progress_bar.refresh_rate=0"]
+
+
+@pytest.mark.slow  # a 1-step fit, then the test split on 1 and on 2 processes: about 60 s
+def test_two_processes_evaluate_a_pretraining_checkpoint_exactly_like_one(compose_train, cache_dir, tmp_path):
+    """9 test procedures on 2 ranks (one padded repeat), generator_scope=rank: every objective's
+    test metric is its sum over the split's targets / their number, each sequence once, and the
+    corruption is seeded per sequence, so 2 processes log what 1 logs (SMRM with a per-sequence
+    vocabulary: with vocab_scope=batch the candidates are the batch's regions by design)."""
+    import train
+
+    cfg = compose_train(*TINY_PRETRAIN, *_tiny_data(9), "trainer.max_steps=1", "trainer.val_check_interval=1",
+                        "trainer.limit_val_batches=1", "test=false")
+    train.run(cfg)
+    ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    results = {}
+    for devices in (1, 2):
+        trainer = (["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"] if devices == 2
+                   else ["trainer.accelerator=cpu", "trainer.devices=1"])
+        cmd = [sys.executable, str(ROOT / "train.py"), *TINY_PRETRAIN, *trainer, "train=false", f"ckpt_path={ckpt}",
+               f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / str(devices)}", *_tiny_data(9)]
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+        assert res.returncode == 0, res.stderr[-4000:]
+        results[devices] = parse_test_metrics(res.stdout)
+        assert results[devices] is not None, res.stdout[-2000:]
+    one, two = results[1], results[2]
+    assert one["test/n"] == two["test/n"] == 9.0  # 10 sequences ran on 2 ranks
+    assert set(one) == set(two)
+    for name in ("mlm", "isp", "pisp", "smrm"):
+        # hits / targets: exact unless a float tie flips between batch paddings
+        assert two[f"test/{name}_acc"] == pytest.approx(one[f"test/{name}_acc"], abs=1e-6), name
+        assert two[f"test/{name}_loss"] == pytest.approx(one[f"test/{name}_loss"], rel=1e-5), name
+    assert two["test/smrm_num_candidates"] == pytest.approx(one["test/smrm_num_candidates"], rel=1e-6)
+    assert two["test/loss"] == pytest.approx(one["test/loss"], rel=1e-5)
+
+
 # ------------------------------------------------------------------ the ordering mixin, one process
 
 def test_ordering_eval_counts_a_padded_repeat_once_and_loss_is_sum_over_count():

@@ -457,23 +457,77 @@ def test_wandb_sample_table_at_validation(compose_train, tmp_path, monkeypatch):
     assert len(table["data"]) == 4
 
 
-def test_rank_scope_validation_batches_get_different_corruption():
-    """generator_scope=rank: each validation batch draws its own swaps (seeded by the batch index),
-    while the same batch index gets the same corruption at every validation."""
-    module = tiny_module("isp", generator_scope="rank").eval()
-    seen = []
-    compute = module.compute_losses
+def _rows(batch: dict, idx: list[int]) -> dict:
+    """Rows ``idx`` of a collated toy batch, as their own batch."""
+    return {k: ([v[i] for i in idx] if isinstance(v, list) else v[idx]) for k, v in batch.items()}
 
-    def spy(batch, names, when, fusion=None):
-        out = compute(batch, names, when, fusion=fusion)
-        seen.append(out[2]["targets"]["isp_labels"])
+
+def test_eval_corruption_is_per_sequence_whatever_the_batch_or_scope():
+    """Evaluation seeds each sequence's corruption by its id even with generator_scope=rank: a
+    sequence is swapped the same way in any batch (another DDP shard, another position) and at
+    every validation, while the sequences of one batch still get different swap decisions."""
+    module = tiny_module("isp", generator_scope="rank").eval()
+    seen: list[dict[str, int]] = []
+    forward = module._forward_group
+
+    def spy(batch, names, when, fusion=None, per_sample=None):
+        out = forward(batch, names, when, fusion, per_sample=per_sample)
+        seen.append({m["id"]: int(v) for m, v in zip(batch["meta"], out[1]["isp_labels"])})
         return out
 
-    module.compute_losses = spy
-    module.log_dict = lambda *args, **kwargs: None
+    module._forward_group = spy
     batch = toy_batch(16, 0, toy_world())
     with torch.no_grad():
-        for batch_idx in (0, 1, 0):
-            module._eval_step("val", batch, batch_idx)
-    assert not torch.equal(seen[0], seen[1])
-    assert torch.equal(seen[0], seen[2])
+        module._eval_step("val", batch, 0)
+        module._eval_step("val", _rows(batch, [13, 5, 0, 8]), 3)  # other rows, order and batch index
+        module._eval_step("val", batch, 0)
+    assert 4 <= sum(seen[0].values()) <= 12  # a mix of swapped and kept sequences (delta 0.5)
+    assert seen[1] == {k: seen[0][k] for k in seen[1]}
+    assert seen[2] == seen[0]
+
+
+def test_eval_metrics_sum_targets_over_the_split_and_count_each_sequence_once():
+    """Hand-computed: per-sequence sums of 2 sequences (one repeated, as a distributed sampler
+    pads); MLM runs in both groups of mlm_isp_pisp, ISP and PISP in one each."""
+    module = tiny_module("mlm_isp_pisp")
+    assert module._eval_groups() == [("mlm", "isp"), ("mlm", "pisp")]
+    a = {"0/mlm/loss": 3.0, "0/mlm/correct": 1.0, "0/mlm/count": 2.0, "0/isp/loss": 0.5, "0/isp/correct": 1.0,
+         "0/isp/count": 1.0, "1/mlm/loss": 1.0, "1/mlm/correct": 2.0, "1/mlm/count": 2.0, "1/pisp/loss": 0.2,
+         "1/pisp/correct": 1.0, "1/pisp/count": 1.0}
+    b = {"0/mlm/loss": 6.0, "0/mlm/correct": 0.0, "0/mlm/count": 4.0, "0/isp/loss": 1.5, "0/isp/correct": 0.0,
+         "0/isp/count": 1.0, "1/mlm/loss": 2.0, "1/mlm/correct": 4.0, "1/mlm/count": 4.0, "1/pisp/loss": 0.6,
+         "1/pisp/correct": 0.0, "1/pisp/count": 1.0}
+    logged = {}
+    module.log_dict = lambda values, **kw: logged.update(values)
+    module._eval_records["test"] = [{"id": "a", "stats": a}, {"id": "b", "stats": b}, {"id": "a", "stats": a}]
+    module._log_eval("test")
+    assert logged["test/n"] == 2.0
+    # MLM: group 0 loss 9 / 6 = 1.5, acc 1 / 6; group 1 loss 3 / 6 = 0.5, acc 6 / 6; mean over groups
+    assert logged["test/mlm_loss"] == pytest.approx(1.0)
+    assert logged["test/mlm_acc"] == pytest.approx((1 / 6 + 1.0) / 2)
+    assert logged["test/isp_loss"] == pytest.approx(1.0) and logged["test/isp_acc"] == 0.5
+    assert logged["test/pisp_loss"] == pytest.approx(0.4) and logged["test/pisp_acc"] == 0.5
+    # the mean over groups of each group's summed losses: ((1.5 + 1.0) + (0.5 + 0.4)) / 2
+    assert logged["test/loss"] == pytest.approx(1.7)
+    assert module._eval_records["test"] == []
+
+
+def test_sample_stats_add_up_to_the_batch_mean():
+    """Summing an objective's per-sequence stats over the batch gives the loss and accuracy that
+    ``forward`` (what training minimises) reports, for every objective."""
+    module = tiny_module("all").eval()
+    batch = toy_batch(8, 0, toy_world())
+    with torch.no_grad():
+        for group in module._eval_groups():
+            _, targets, outputs, kwargs = module._forward_group(batch, group, "eval", per_sample=True)
+            for name in group:
+                obj = module.objectives[name]
+                loss, logs = obj(outputs, targets, **kwargs[name])
+                stats = obj.sample_stats(outputs, targets, **kwargs[name])
+                assert all(v.shape == (8,) for v in stats.values())
+                count = stats["count"].sum()
+                assert count > 0
+                assert (stats["loss"].sum() / count).item() == pytest.approx(loss.item(), rel=1e-5), name
+                assert (stats["correct"].sum() / count).item() == pytest.approx(logs[f"{name}_acc"].item()), name
+                if name in ("isp", "pisp"):
+                    assert torch.equal(stats["count"], torch.ones(8, dtype=torch.float64))

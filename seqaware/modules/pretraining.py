@@ -18,14 +18,23 @@ Randomness of the corruption (``generator_scope``)
     ``rank`` (default): one CPU generator per ``(schedule_seed, global_step, objective, rank)``
     corrupts the whole local batch at once (fully vectorised; results depend on the DDP layout).
     ``sample``: every sample is corrupted with its own CPU ``torch.Generator`` seeded by
-    ``(schedule_seed, global_step, objective, procedure id, first step index)`` (validation/test:
-    ``"eval"`` instead of the step, so every evaluation sees the same corruption).  Each sample is
+    ``(schedule_seed, global_step, objective, procedure id, first step index)``.  Each sample is
     first cut to its own length (its tokens, its steps) so the draw depends on nothing else in the
     batch: the corruption is the same whatever the batch composition, the number of ranks or the
     device -- a 2-rank DDP step equals the 1-process step on the same global batch (tested), and a
     run resumed on another number of GPUs sees the same corruption.  This costs a Python loop over
     the samples of the corruption (the encoder still runs batched): measured on an H100 at the
     paper size, batch 32 bf16, 294 vs 218 ms per step (scripts/bench_pretrain.py).
+
+Evaluation (validation / test)
+    Always seeded per sample, by ``"eval"`` instead of the step, whatever ``generator_scope``: every
+    evaluation sees the same corruption and a sequence's corruption does not depend on its batch.
+    Each objective reports per-sequence sums (:meth:`~seqaware.objectives.base.Objective.sample_stats`);
+    at the end of the epoch the records of every rank are gathered, each sequence kept once
+    (distributed samplers pad with repeats), and ``<stage>/<obj>_loss`` / ``_acc`` are the split's
+    summed target losses / hits over its number of targets (``<stage>/n`` sequences): the same on 1
+    and N processes.  The exception is SMRM with ``vocab_scope: batch`` or ``global``, whose
+    candidates are the regions of the (per-device) batch by design.
 
 DDP
     ``loss_normalization: global`` rescales each objective's mean loss on a rank by
@@ -67,7 +76,7 @@ from torch import nn
 from seqaware.encoders.base import SequenceEncoder, fusion_input
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
-from seqaware.modules.base import SeqawareModule, as_container, global_share, world_size
+from seqaware.modules.base import SeqawareModule, as_container, gather_unique, global_share, world_size
 from seqaware.objectives import ObjectiveSchedule, build_objective, check_objectives
 from seqaware.objectives.base import EncoderOutput, Objective
 from seqaware.objectives.mlm import IGNORE_INDEX
@@ -300,6 +309,7 @@ class PretrainingModule(SeqawareModule):
             # an image-only encoder never reads its text model's word embeddings: without a gradient
             # DDP's reducer would wait for them forever
             embeddings.weight.requires_grad_(False)
+        self._eval_records: dict[str, list[dict]] = {"val": [], "test": []}  # per-sequence sums, see _eval_step
         # train mode from construction on (outside a Trainer too); fit starts in train mode anyway
         # (SeqawareModule.on_fit_start), BatchNorm and frozen backbones staying in eval mode
         self.train(True)
@@ -330,11 +340,15 @@ class PretrainingModule(SeqawareModule):
     def _sample_keys(self, batch: dict) -> list[str]:
         return [f"{m['id']}@{m['step_index'][0] if m.get('step_index') else 0}" for m in batch["meta"]]
 
-    def _corrupt(self, name: str, fusion: dict, batch: dict, when: Any) -> tuple[dict, dict]:
-        """Corrupt ``fusion`` for objective ``name`` at ``when`` (a global step or ``"eval"``)."""
+    def _corrupt(self, name: str, fusion: dict, batch: dict, when: Any,
+                 per_sample: Optional[bool] = None) -> tuple[dict, dict]:
+        """Corrupt ``fusion`` for objective ``name`` at ``when`` (a global step or ``"eval"``);
+        ``per_sample`` (default: ``generator_scope == "sample"``) seeds each sample by its id."""
         objective = self.objectives[name]
         seed = self.hparams.schedule_seed
-        if self.generator_scope == "rank":
+        if per_sample is None:
+            per_sample = self.generator_scope == "sample"
+        if not per_sample:
             return objective.corrupt(fusion, cpu_generator(stable_seed(seed, when, name, self.global_rank)))
         seeds = [stable_seed(seed, when, name, key) for key in self._sample_keys(batch)]
         lengths = (fusion["attention_mask"].sum(1) if "attention_mask" in fusion
@@ -373,6 +387,29 @@ class PretrainingModule(SeqawareModule):
             return {n: torch.ones((), device=device) for n in names}
         return dict(zip(names, global_share(torch.stack([LOSS_COUNTS[n](fusion, targets).to(device).float() for n in names]))))
 
+    def _forward_group(self, batch: dict, names: tuple[str, ...], when: Any, fusion: Optional[dict] = None,
+                       per_sample: Optional[bool] = None) -> tuple[dict, dict, EncoderOutput, dict[str, dict]]:
+        """Corrupt with every objective of ``names``, run the encoder once (and the clean pass when
+        an objective needs it). Returns the corrupted input, the targets, the outputs and each
+        objective's extra ``forward`` arguments."""
+        clean = fusion if fusion is not None else self.fusion(batch)
+        corrupted, targets = clean, {}
+        for name in names:
+            corrupted, tgt = self._corrupt(name, corrupted, batch, when, per_sample=per_sample)
+            targets.update(tgt)
+        outputs = self.encoder(corrupted)
+        if any(self.objectives[n].needs_clean_pass for n in names):
+            clean_out = self._clean_pass(clean)
+        kwargs: dict[str, dict] = {}
+        for name in names:
+            objective = self.objectives[name]
+            kwargs[name] = {}
+            if objective.needs_clean_pass:
+                kwargs[name]["target_states"] = objective.select_target_states(clean_out)
+                kwargs[name]["generator"] = cpu_generator(stable_seed(self.hparams.schedule_seed, when, name,
+                                                                      "shuffle", self.global_rank))
+        return corrupted, targets, outputs, kwargs
+
     def compute_losses(self, batch: dict, names: tuple[str, ...], when: Any,
                        fusion: Optional[dict] = None) -> tuple[torch.Tensor, dict, dict]:
         """Corrupt with every objective of ``names``, one encoder forward, their losses.
@@ -380,30 +417,15 @@ class PretrainingModule(SeqawareModule):
         Returns the total loss, the logs (``<obj>_loss``, ``<obj>_acc``, ...) and a dict with the
         corrupted input, targets and outputs (used for the W&B sample table).
         """
-        clean = fusion if fusion is not None else self.fusion(batch)
-        corrupted, targets = clean, {}
-        for name in names:
-            corrupted, tgt = self._corrupt(name, corrupted, batch, when)
-            targets.update(tgt)
-        outputs = self.encoder(corrupted)
-        extra: dict[str, Any] = {}
-        if any(self.objectives[n].needs_clean_pass for n in names):
-            clean_out = self._clean_pass(clean)
+        corrupted, targets, outputs, kwargs = self._forward_group(batch, names, when, fusion)
         weights = self._weights(list(names), corrupted, targets)
         total = outputs.cls.new_zeros(())
         logs: dict[str, torch.Tensor] = {}
         for name in names:
-            objective = self.objectives[name]
-            kwargs: dict[str, Any] = {}
-            if objective.needs_clean_pass:
-                kwargs["target_states"] = objective.select_target_states(clean_out)
-                kwargs["generator"] = cpu_generator(stable_seed(self.hparams.schedule_seed, when, name, "shuffle",
-                                                                self.global_rank))
-            loss, obj_logs = objective(outputs, targets, **kwargs)
+            loss, obj_logs = self.objectives[name](outputs, targets, **kwargs[name])
             total = total + weights[name] * loss
             logs.update(obj_logs)
-        extra.update(corrupted=corrupted, targets=targets, outputs=outputs)
-        return total, logs, extra
+        return total, logs, dict(corrupted=corrupted, targets=targets, outputs=outputs)
 
     def _unused_heads_term(self, used: tuple[str, ...]) -> torch.Tensor:
         """``0 * sum`` of the parameters of objectives not run this step (keeps DDP's reducer happy)."""
@@ -438,33 +460,83 @@ class PretrainingModule(SeqawareModule):
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=n)
         return loss
 
-    def _eval_step(self, stage: str, batch: dict, batch_idx: int) -> None:
-        """Every enabled objective on the same batch (each with MLM when enabled), corruption seeded
-        by ``"eval"`` instead of the step so every evaluation pass sees the same corruption.
-
-        With ``generator_scope: rank`` the seed also takes the batch index: one generator per rank
-        would otherwise draw the same swap decisions and mask positions at every batch position of
-        every validation batch (64 validation sequences = 4 copies of 16 labels, and a constant
-        prediction scores the majority share of those 16, e.g. 0.75 for PISP, not 0.5)."""
+    def _eval_groups(self) -> list[tuple[str, ...]]:
+        """The objective groups every evaluation runs: each rotating objective with the
+        always-on ones (MLM), or the always-on ones alone."""
         always, rotating = self.schedule.always, self.schedule.rotating
-        groups = [always + (name,) for name in rotating] or [always]
+        return [always + (name,) for name in rotating] or [always]
+
+    def _eval_step(self, stage: str, batch: dict, batch_idx: int) -> None:
+        """Every enabled objective on the same batch (each with MLM when enabled); keeps, per
+        sequence, the sums of each objective's per-target losses, hits and counts.
+
+        The corruption is always seeded per sample by ``"eval"`` and the sequence's id (whatever
+        ``generator_scope``): every evaluation pass sees the same corruption, and a sequence's
+        corruption does not depend on the batch it falls in or on the number of processes.
+        """
         fusion = self.fusion(batch)
-        when = "eval" if self.generator_scope == "sample" else f"eval-{batch_idx}"
-        sums: dict[str, list[torch.Tensor]] = {}
-        totals = []
-        first_extra = None
-        for group in groups:
-            loss, logs, extra = self.compute_losses(batch, group, when, fusion=fusion)
-            totals.append(loss)
-            first_extra = first_extra or (group, extra)
-            for key, value in logs.items():
-                sums.setdefault(key, []).append(value.float())
-        n = len(batch["meta"])
-        values = {f"{stage}/{k}": torch.stack(v).mean() for k, v in sums.items()}
-        values[f"{stage}/loss"] = torch.stack(totals).mean()  # L_MLM + the average L_obj: the training loss in expectation
-        self.log_dict(values, batch_size=n, sync_dist=True)
-        if stage == "val" and batch_idx == 0 and first_extra is not None:
-            self._log_wandb_samples(batch, *first_extra)
+        keys = self._sample_keys(batch)
+        rows: list[dict[str, float]] = [{} for _ in keys]
+        for g, group in enumerate(self._eval_groups()):
+            corrupted, targets, outputs, kwargs = self._forward_group(batch, group, "eval", fusion, per_sample=True)
+            for name in group:
+                stats = self.objectives[name].sample_stats(outputs, targets, **kwargs[name])
+                for stat, values in stats.items():
+                    for row, value in zip(rows, values.tolist()):
+                        row[f"{g}/{name}/{stat}"] = value
+            if stage == "val" and batch_idx == 0 and g == 0:
+                self._log_wandb_samples(batch, group, dict(corrupted=corrupted, targets=targets, outputs=outputs))
+        self._eval_records[stage].extend({"id": key, "stats": row} for key, row in zip(keys, rows))
+
+    def eval_metrics(self, records: list[dict], stage: str) -> dict[str, float]:
+        """Split-level metrics from per-sequence records (each sequence once).
+
+        ``<stage>/<obj>_loss`` and ``_acc`` (and extras such as ``smrm_num_candidates``) are sums
+        over every target of the split divided by the number of targets, averaged over the groups
+        the objective ran in (MLM runs in each); ``<stage>/loss`` is the mean over groups of the
+        group's summed objective losses (the training loss in expectation); ``<stage>/n`` counts
+        the sequences.
+        """
+        totals: dict[str, float] = {}
+        for rec in records:
+            for key, value in rec["stats"].items():
+                totals[key] = totals.get(key, 0.0) + value
+        per_name: dict[str, list[float]] = {}
+        group_losses: list[float] = []
+        for g, group in enumerate(self._eval_groups()):
+            group_loss = 0.0
+            for name in group:
+                count = totals.get(f"{g}/{name}/count", 0.0)
+                for stat in sorted({k.split("/", 2)[2] for k in totals if k.startswith(f"{g}/{name}/")} - {"count"}):
+                    value = totals[f"{g}/{name}/{stat}"] / count if count else 0.0
+                    label = {"correct": "acc"}.get(stat, stat)
+                    per_name.setdefault(f"{name}_{label}", []).append(value)
+                    if stat == "loss":
+                        group_loss += value
+            group_losses.append(group_loss)
+        values = {f"{stage}/{k}": sum(v) / len(v) for k, v in per_name.items()}
+        values[f"{stage}/loss"] = sum(group_losses) / len(group_losses)
+        values[f"{stage}/n"] = float(len(records))
+        return values
+
+    def _log_eval(self, stage: str) -> None:
+        # distributed samplers pad the last rank's share with repeats: each sequence counts once
+        records = gather_unique(self._eval_records[stage], key=lambda r: r["id"])
+        self._eval_records[stage] = []
+        if records:  # every rank holds the same records, hence the same values: nothing to reduce
+            self.log_dict(self.eval_metrics(records, stage), sync_dist=False)
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_records["val"] = []
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_records["test"] = []
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("val", batch, batch_idx)

@@ -19,15 +19,24 @@ Every objective is an ``nn.Module`` with two methods:
     targets.  All randomness comes from ``generator`` so a caller can seed it per sample / rank /
     step.  Masking is vectorised like MAE (``argsort`` of random noise): no Python loop runs over
     samples or patches.
+``outcomes(outputs, targets, **extra) -> Outcomes``
+    One entry per prediction target (a masked token, a sequence's swap label, a masked region):
+    its loss, whether it was predicted right and the batch row it belongs to.  The base class
+    derives both reductions from it:
 ``forward(outputs, targets, **extra) -> (loss, logs)``
-    The loss (0-dim tensor) and a dict of logs named ``<objective>_<metric>``.
+    The mean loss over the batch's targets (0-dim tensor, what training minimises) and logs named
+    ``<objective>_<metric>`` (``_loss``, ``_acc`` and any extra per-target value).
+``sample_stats(outputs, targets, **extra) -> {stat: (B,)}``
+    Per batch row, the sums of the targets' ``loss`` / ``correct`` / extras and their ``count``:
+    evaluation adds them up over the split (each sequence once, whatever the batching or the
+    number of processes) and divides at the end.
 
 An objective whose targets come from a second, no-grad encoder pass over the *clean* input (SMRM)
 sets ``needs_clean_pass = True`` and receives ``target_states`` in ``forward``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -95,6 +104,18 @@ def choose_image_pair(visual_mask: torch.Tensor, delta: float, generator: torch.
     return swap, first, second
 
 
+@dataclass
+class Outcomes:
+    """Per prediction target (N of them in a batch): ``loss (N,)`` (attached to the graph),
+    ``correct (N,)`` bool, ``sample (N,)`` long, the batch row of each target, and ``extras``:
+    other per-target values (N,) averaged like the accuracy (e.g. SMRM's number of candidates)."""
+
+    loss: torch.Tensor
+    correct: torch.Tensor
+    sample: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
 class Objective(nn.Module):
     """Base class of pretraining objectives (see the module docstring for the contract).
 
@@ -110,8 +131,33 @@ class Objective(nn.Module):
     def corrupt(self, batch: dict, generator: torch.Generator) -> tuple[dict, dict]:
         raise NotImplementedError
 
-    def forward(self, outputs: EncoderOutput, targets: dict, **extra) -> tuple[torch.Tensor, dict]:
+    def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
         raise NotImplementedError
+
+    def forward(self, outputs: EncoderOutput, targets: dict, **extra) -> tuple[torch.Tensor, dict]:
+        """Mean loss over the batch's targets and the logs; a batch without targets gives a zero
+        loss that is still attached to the graph (DDP's reducer expects every head's gradient)."""
+        out = self.outcomes(outputs, targets, **extra)
+        n = max(out.loss.numel(), 1)
+        loss = out.loss.sum() / n
+        logs = {f"{self.name}_loss": loss.detach(), f"{self.name}_acc": out.correct.float().sum() / n}
+        logs.update({f"{self.name}_{k}": v.detach().float().sum() / n for k, v in out.extras.items()})
+        return loss, logs
+
+    @torch.no_grad()
+    def sample_stats(self, outputs: EncoderOutput, targets: dict, **extra) -> dict[str, torch.Tensor]:
+        """Per batch row (B,) float64: summed ``loss``, ``correct`` and extras, and ``count``."""
+        out = self.outcomes(outputs, targets, **extra)
+        rows = outputs.cls.shape[0]
+
+        def per_row(values: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(rows, dtype=torch.float64, device=values.device).index_add_(
+                0, out.sample, values.detach().double())
+
+        stats = {"loss": per_row(out.loss), "correct": per_row(out.correct),
+                 "count": per_row(torch.ones_like(out.loss))}
+        stats.update({k: per_row(v) for k, v in out.extras.items()})
+        return stats
 
 
 class SwapClassificationObjective(Objective):
@@ -134,9 +180,9 @@ class SwapClassificationObjective(Objective):
         else:
             self.head = nn.Linear(hidden_size, 2)
 
-    def forward(self, outputs: EncoderOutput, targets: dict, **extra) -> tuple[torch.Tensor, dict]:
-        labels = targets[f"{self.name}_labels"]
+    def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
+        labels = targets[f"{self.name}_labels"]  # one target per sequence
         logits = self.head(outputs.cls)
-        loss = F.cross_entropy(logits, labels)
-        acc = (logits.argmax(-1) == labels).float().mean()
-        return loss, {f"{self.name}_loss": loss.detach(), f"{self.name}_acc": acc.detach()}
+        return Outcomes(loss=F.cross_entropy(logits, labels, reduction="none"),
+                        correct=logits.argmax(-1) == labels,
+                        sample=torch.arange(labels.shape[0], device=labels.device))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqaware.objectives.base import EncoderOutput, Objective, randint, shallow_copy, uniform
+from seqaware.objectives.base import EncoderOutput, Objective, Outcomes, randint, shallow_copy, uniform
 
 IGNORE_INDEX = -100
 
@@ -108,14 +108,10 @@ class MaskedLanguageModeling(Objective):
         labels = torch.where(selected, ids, torch.full_like(ids, IGNORE_INDEX))
         return corrupted, {"mlm_labels": labels}
 
-    def forward(self, outputs: EncoderOutput, targets: dict, **extra) -> tuple[torch.Tensor, dict]:
+    def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
         labels = targets["mlm_labels"]
         where = labels != IGNORE_INDEX
-        if not where.any():  # nothing maskable in the batch: a zero loss that keeps the graph
-            zero = outputs.text_states.sum() * 0.0
-            return zero, {"mlm_loss": zero.detach(), "mlm_acc": zero.detach()}
-        logits = self.lm_head(outputs.text_states[where])  # only the masked positions
+        logits = self.lm_head(outputs.text_states[where])  # only the masked positions (maybe none)
         gold = labels[where]
-        loss = F.cross_entropy(logits, gold)
-        acc = (logits.argmax(-1) == gold).float().mean()
-        return loss, {"mlm_loss": loss.detach(), "mlm_acc": acc.detach()}
+        return Outcomes(loss=F.cross_entropy(logits, gold, reduction="none"), correct=logits.argmax(-1) == gold,
+                        sample=where.nonzero()[:, 0])

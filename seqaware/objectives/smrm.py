@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from seqaware.objectives.base import EncoderOutput, Objective, shallow_copy, uniform
+from seqaware.objectives.base import EncoderOutput, Objective, Outcomes, shallow_copy, uniform
 
 TARGETS = ("output", "input")
 SCOPES = ("sequence", "batch", "global")
@@ -178,11 +178,13 @@ class SequentialMaskedRegionModeling(Objective):
             return torch.cat(gathered)[None], valid[None], group, rank * width + local
         return tgt[None], torch.ones(1, N, dtype=torch.bool, device=device), group, local
 
-    def forward(self, outputs: EncoderOutput, targets: dict, target_states: Optional[torch.Tensor] = None,
-                generator: Optional[torch.Generator] = None, **extra) -> tuple[torch.Tensor, dict]:
-        """SMRM loss; ``target_states`` (B, S, P, H) from :meth:`select_target_states` is required.
+    def outcomes(self, outputs: EncoderOutput, targets: dict, target_states: Optional[torch.Tensor] = None,
+                 generator: Optional[torch.Generator] = None, **extra) -> Outcomes:
+        """Per masked region: the loss over its candidates, whether the gold one scored highest,
+        and the number of candidates (``smrm_num_candidates`` in the logs).
 
-        ``generator`` (optional) drives the per-position candidate shuffle.
+        ``target_states`` (B, S, P, H) from :meth:`select_target_states` is required; ``generator``
+        (optional) drives the per-position candidate shuffle (ties go to a random candidate).
         """
         if target_states is None:
             raise ValueError("smrm: forward needs target_states=objective.select_target_states(clean_outputs) "
@@ -190,12 +192,11 @@ class SequentialMaskedRegionModeling(Objective):
         mask = targets["smrm_mask"]
         B = mask.shape[0]
         queries = outputs.patch_states[mask]  # (N, H), row-major: grouped by sample
-        if queries.shape[0] == 0:
-            zero = outputs.patch_states.sum() * 0.0
-            return zero, {"smrm_loss": zero.detach(), "smrm_acc": zero.detach(),
-                          "smrm_num_candidates": torch.zeros((), device=zero.device)}
-        tgt = target_states.detach()[mask]
         sample_of = torch.arange(B, device=mask.device)[:, None, None].expand_as(mask)[mask]
+        if queries.shape[0] == 0:  # nothing masked: empty outcomes, still attached to the graph
+            empty = queries.sum(-1)
+            return Outcomes(loss=empty, correct=empty.bool(), sample=sample_of, extras={"num_candidates": empty.detach()})
+        tgt = target_states.detach()[mask]
         bank, valid, group, gold = self._candidates(tgt, sample_of, B)
 
         scores = self.score(queries, bank, group).masked_fill(~valid[group], float("-inf"))
@@ -204,8 +205,5 @@ class SequentialMaskedRegionModeling(Objective):
         perm = noise.to(scores.device).argsort(dim=1)  # shuffled column c holds candidate perm[:, c]
         scores = scores.gather(1, perm)
         gold = perm.argsort(dim=1).gather(1, gold[:, None]).squeeze(1)
-
-        loss = F.cross_entropy(scores, gold)
-        acc = (scores.argmax(-1) == gold).float().mean()
-        num_candidates = valid[group].sum(1).float().mean()
-        return loss, {"smrm_loss": loss.detach(), "smrm_acc": acc.detach(), "smrm_num_candidates": num_candidates}
+        return Outcomes(loss=F.cross_entropy(scores, gold, reduction="none"), correct=scores.argmax(-1) == gold,
+                        sample=sample_of, extras={"num_candidates": valid[group].sum(1).float()})
