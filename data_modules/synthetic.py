@@ -74,6 +74,11 @@ class SyntheticConfig:
     """Share of steps whose text omits the disambiguating detail."""
     seed: int = 0
     categories: tuple[str, ...] = CATEGORIES
+    difficulty: str = "easy"
+    """``easy``: each image shows the cumulative scene, so the order is readable from the images.
+    ``hard``: each image shows only the object its step adds (moved to a random place, beside
+    neutral distractor shapes) and each text names what the step needs, not what it adds; neither
+    modality alone gives the order, the two together determine the DAG (see :func:`make_procedure`)."""
 
     def __post_init__(self) -> None:
         # Normalize types (Hydra passes ListConfig, YAML may give 0 for 0.0) so equal configs hash alike.
@@ -99,6 +104,12 @@ class SyntheticConfig:
             raise ValueError(f"ambiguous_text_prob must be in [0, 1], got {self.ambiguous_text_prob}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        self.difficulty = str(self.difficulty)
+        if self.difficulty not in ("easy", "hard"):
+            raise ValueError(f"difficulty must be 'easy' or 'hard', got {self.difficulty!r}")
+        if self.difficulty == "hard" and set(self.categories) - set(HARD_CATEGORIES):
+            raise ValueError(f"difficulty=hard builds the categories {list(HARD_CATEGORIES)} only (in the garden the "
+                             f"part names give the order away); got categories={list(self.categories)}")
 
     def split_sizes(self) -> dict[str, int]:
         return {"train": self.num_train, "val": self.num_val, "test": self.num_test}
@@ -315,6 +326,27 @@ _TEXTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 _NUMBERS = {1: "one", 2: "two", 3: "three"}
 
+# The hard world (``difficulty: hard``): a step's text names what the step needs (the color of the
+# block / layer it goes on, the tops a plank or tray covers) and never the color of what it adds
+# nor where the chain stands; that color is only visible in the step's own image.
+_HARD_TEXTS: dict[str, tuple[str, ...]] = {
+    "block_first": ("Put a block on the floor.", "Start a new stack with a block.", "Set a block down on the floor."),
+    "block_on": ("Put a block on top of the {below} block.", "Stack a block onto the {below} one.",
+                 "Place a block on the {below} block."),
+    "plank": ("Lay a plank across the {tops} blocks.", "Bridge the {tops} blocks with a plank."),
+    "layer_first": ("Pour some liquid into an empty {container}.", "Start filling an empty {container}."),
+    "layer_on": ("Pour a layer on top of the {below} layer.", "Add liquid above the {below} layer.",
+                 "Float a layer on the {below} one."),
+    "lid": ("Close the {container} whose top layer is {below} with a lid.", "Put a lid on the {container} that ends in {below}."),
+    "tray": ("Set a tray over the {containers} topped with {tops}.", "Cover the {tops} tops with a tray."),
+}
+HARD_CATEGORIES = ("stacking", "filling")
+"""Categories the hard world can build: in the garden the part names alone (trunk, crown, fruit)
+give the order away."""
+DISTRACTOR_COLORS = ("white", "floor")
+"""Colors of the hard world's distractor shapes (white, charcoal): far from every palette color and never
+named in a text."""
+
 
 def _pick(rng: np.random.Generator, options: Sequence):
     """A uniformly chosen element of ``options`` (keeps Python types, unlike ``rng.choice``)."""
@@ -359,10 +391,13 @@ class Structure:
 
 @dataclass
 class _Node:
-    """One planned step: the object it adds and its (full, ambiguous) texts."""
+    """One planned step: the object it adds, its (full, ambiguous) texts, and the action and fields
+    the hard world's text is written from (:data:`_HARD_TEXTS`)."""
 
     thing: Thing
     texts: tuple[str, str]
+    action: str = ""
+    fields: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -443,7 +478,7 @@ def _build_stacking(rng: np.random.Generator, structure: Structure) -> _Scene:
     height = rng.uniform(0.1, 0.115)
     scenery = [Thing("floor", (rect(0.02, floor_y, 0.98, floor_y + 0.025, "floor", outline=False),))]
 
-    chains, tops = [], []
+    chains, tops, top_colors = [], [], []
     for column, length in zip(columns, structure.lengths):
         nodes, below = [], None
         for level in range(length):
@@ -453,10 +488,11 @@ def _build_stacking(rng: np.random.Generator, structure: Structure) -> _Scene:
             thing = Thing(f"{color} block", (rect(x - width / 2, bottom - height, x + width / 2, bottom, color),))
             action = "block_first" if below is None else "block_on"
             texts = _texts(rng, action, color=color, below=below, loc=column.loc, side=column.side)
-            nodes.append(_Node(thing, texts))
+            nodes.append(_Node(thing, texts, action, {"below": below}))
             below = color
         chains.append(nodes)
         tops.append(floor_y - length * height)
+        top_colors.append(below)
 
     join = None
     if structure.span:
@@ -465,7 +501,8 @@ def _build_stacking(rng: np.random.Generator, structure: Structure) -> _Scene:
         right = columns[structure.span[-1]].x + width / 2 + 0.03
         top = min(tops[c] for c in structure.span)
         plank = Thing(f"{color} plank", (rect(left, top - 0.035, right, top, color),))
-        join = _Node(plank, _texts(rng, "plank", color=color, span=_span_phrase(columns, structure.span, "stacks")))
+        join = _Node(plank, _texts(rng, "plank", color=color, span=_span_phrase(columns, structure.span, "stacks")),
+                     "plank", {"tops": _listing([top_colors[c] for c in structure.span])})
 
     towers = _count(k, "tower", "towers")
     title = _pick(rng, ("Build {t} of blocks", "Stack colored blocks into {t}", "Make {t} of colored blocks"))
@@ -513,7 +550,7 @@ def _build_filling(rng: np.random.Generator, structure: Structure) -> _Scene:
                    (x + half(table_y), table_y)]
         scenery.append(Thing(kind, (polygon(outline, "glass"),)))
 
-    chains, lidded = [], []
+    chains, lidded, top_colors = [], [], []
     for column, length in zip(columns, structure.lengths):
         x = column.x
         has_lid = length > _MAX_LAYERS or (length >= 2 and rng.random() < _LID_PROB)
@@ -526,15 +563,18 @@ def _build_filling(rng: np.random.Generator, structure: Structure) -> _Scene:
                       (x + half(y1) - inset, y1), (x + half(y0) - inset, y0)]
             action = "layer_first" if below is None else "layer_on"
             texts = _texts(rng, action, color=color, below=below, loc=column.loc, side=column.side, container=kind)
-            nodes.append(_Node(Thing(f"{color} layer", (polygon(points, color),)), texts))
+            nodes.append(_Node(Thing(f"{color} layer", (polygon(points, color),)), texts, action,
+                               {"below": below, "container": kind}))
             below = color
         if has_lid:
             color = colors()
             lid = rect(x - half(top_y) - 0.015, top_y - lid_height, x + half(top_y) + 0.015, top_y, color)
             texts = _texts(rng, "lid", color=color, loc=column.loc, side=column.side, container=kind)
-            nodes.append(_Node(Thing(f"{color} lid", (lid,)), texts))
+            nodes.append(_Node(Thing(f"{color} lid", (lid,)), texts, "lid", {"below": below, "container": kind}))
+            below = color
         chains.append(nodes)
         lidded.append(has_lid)
+        top_colors.append(below)
 
     join = None
     if structure.span:
@@ -543,7 +583,8 @@ def _build_filling(rng: np.random.Generator, structure: Structure) -> _Scene:
         right = columns[structure.span[-1]].x + half(top_y) + 0.035
         top = top_y - (lid_height if any(lidded[c] for c in structure.span) else 0.0)
         tray = Thing(f"{color} tray", (rect(left, top - 0.035, right, top, color),))
-        join = _Node(tray, _texts(rng, "tray", color=color, span=_span_phrase(columns, structure.span, plural)))
+        join = _Node(tray, _texts(rng, "tray", color=color, span=_span_phrase(columns, structure.span, plural)), "tray",
+                     {"tops": _listing([top_colors[c] for c in structure.span]), "containers": plural})
 
     containers = _count(k, kind, plural)
     title = _pick(rng, ("Layer colored liquids in {c}", "Fill {c} with colored layers", "Make layered drinks in {c}"))
@@ -723,11 +764,12 @@ def _composition(rng: np.random.Generator, total: int, parts: int, most: int) ->
     return tuple(lengths)
 
 
-def _plan_structure(rng: np.random.Generator, num_steps: int, spec: _CategorySpec) -> Structure:
+def _plan_structure(rng: np.random.Generator, num_steps: int, spec: _CategorySpec, min_chains: int = 2) -> Structure:
     """Root / chains / join layout of a procedure with ``num_steps`` steps.
 
-    Two or three chains (one chain only for two-step procedures); the DAG always has at least one
-    edge, so a procedure made only of one-step chains gets a root or a join step.
+    ``min_chains`` (2, or 1 in the hard world) to three chains (one chain only for two-step
+    procedures); the DAG always has at least one edge, so a procedure made only of one-step chains
+    gets a root or a join step.
     """
     if num_steps == 2:
         return Structure(root=False, lengths=(2,), span=None)
@@ -739,8 +781,8 @@ def _plan_structure(rng: np.random.Generator, num_steps: int, spec: _CategorySpe
         if (root and spec.root_prob == 0) or (join and spec.join_prob == 0):
             continue
         rest = num_steps - root - join
-        counts = [k for k in range(2, spec.max_chains + 1)
-                  if k <= rest <= k * spec.max_chain and (root or join or rest > k)]
+        counts = [k for k in range(min_chains, spec.max_chains + 1)
+                  if k <= rest <= k * spec.max_chain and (root or join or rest > k) and (k >= 2 or not join)]
         if not counts:
             continue
         k = _pick(rng, counts)
@@ -771,13 +813,49 @@ def procedure_id(split: str, index: int) -> str:
     return f"synth-{split}-{index + 1:06d}"
 
 
+def _moved(thing: Thing, rng: np.random.Generator, margin: float = 0.04) -> Thing:
+    """``thing`` shifted so that its box sits at a random place of the picture (same size)."""
+    xs = [x for prim in thing.prims for x, _ in prim.points]
+    ys = [y for prim in thing.prims for _, y in prim.points]
+    shift = []
+    for lo, hi in ((min(xs), max(xs)), (min(ys), max(ys))):
+        half = (hi - lo) / 2
+        room = (margin + half, 1 - margin - half)
+        centre = rng.uniform(*room) if room[0] < room[1] else 0.5
+        shift.append(centre - (lo + hi) / 2)
+    dx, dy = shift
+    prims = tuple(Prim(p.kind, tuple((x + dx, y + dy) for x, y in p.points), p.color, p.outline) for p in thing.prims)
+    return Thing(thing.label, prims)
+
+
+def _hard_canvas(thing: Thing, rng: np.random.Generator, size: int, background: tuple[int, int, int]) -> Canvas:
+    """The hard world's step image: one or two neutral distractor shapes, then the step's object
+    alone at a random place (no scenery, nothing added by earlier steps)."""
+    canvas = Canvas(size, background)
+    for _ in range(int(rng.integers(1, 3))):
+        cx, cy, r = rng.uniform(0.12, 0.88), rng.uniform(0.12, 0.88), rng.uniform(0.04, 0.08)
+        color = _pick(rng, DISTRACTOR_COLORS)
+        shape = oval(cx, cy, r, r, color) if rng.random() < 0.5 else rect(cx - r, cy - r, cx + r, cy + r, color)
+        canvas.add(Thing("distractor", (shape,)))
+    canvas.add(_moved(thing, rng))
+    return canvas
+
+
 def make_procedure(cfg: SyntheticConfig, split: str, index: int, out_dir: str | os.PathLike) -> Procedure:
-    """Plan, order, render and describe procedure ``index`` of ``split``; writes its images."""
+    """Plan, order, render and describe procedure ``index`` of ``split``; writes its images.
+
+    ``difficulty: hard``: step k's image is drawn by :func:`_hard_canvas` (its own object only) and
+    its text from :data:`_HARD_TEXTS` (what it needs). Each dependency edge p -> k is then stated
+    across modalities -- k's text names a color that only p's image shows -- so text and images
+    together determine the DAG, while the texts alone only tell chain starts from later steps and
+    the images alone are unordered objects.
+    """
     rng = _seed_rng(cfg, split, index)
+    hard = cfg.difficulty == "hard"
     category = cfg.categories[index % len(cfg.categories)]
     spec = _CATEGORY_SPECS[category]
     num_steps = int(rng.integers(cfg.min_steps, cfg.max_steps + 1))
-    scene = spec.build(rng, _plan_structure(rng, num_steps, spec))
+    scene = spec.build(rng, _plan_structure(rng, num_steps, spec, min_chains=1 if hard else 2))
 
     # Flatten the plan into nodes with direct dependencies: root -> chain heads, chain links, tails -> join.
     nodes: list[_Node] = []
@@ -813,14 +891,22 @@ def make_procedure(cfg: SyntheticConfig, split: str, index: int, out_dir: str | 
     canvas = Canvas(cfg.image_size, scene.background)
     for thing in scene.scenery:
         canvas.add(thing)
-    opener = bool(rng.random() < OPENER_PROB)
+    opener = not hard and bool(rng.random() < OPENER_PROB)
     steps = []
     for k, node in enumerate(order):
-        new_object = canvas.add(nodes[node].thing)
+        if hard:
+            canvas = _hard_canvas(nodes[node].thing, rng, cfg.image_size, scene.background)
+            new_object = len(canvas.boxes) - 1
+        else:
+            new_object = canvas.add(nodes[node].thing)
         name = f"{pid}_{k}.png"
         canvas.image.save(image_dir / name, format="PNG")
-        ambiguous = bool(rng.random() < cfg.ambiguous_text_prob)
-        text = nodes[node].texts[1] if ambiguous else nodes[node].texts[0]
+        if hard:  # the hard texts are partial by design: ambiguous_text_prob does not apply
+            ambiguous = False
+            text = _articles(_pick(rng, _HARD_TEXTS[nodes[node].action]).format(**nodes[node].fields))
+        else:
+            ambiguous = bool(rng.random() < cfg.ambiguous_text_prob)
+            text = nodes[node].texts[1] if ambiguous else nodes[node].texts[0]
         if k == 0 and opener:
             text = "First, " + text[0].lower() + text[1:]
         steps.append(Step(text=text, images=[f"images/{name}"], boxes=[list(b) for b in canvas.boxes],
@@ -831,6 +917,7 @@ def make_procedure(cfg: SyntheticConfig, split: str, index: int, out_dir: str | 
         "chains": [[step_of[n] for n in ids] for ids in chain_nodes],
         "root": None if root_id is None else step_of[root_id],
         "join": None if join_id is None else step_of[join_id],
+        **({"difficulty": "hard"} if hard else {}),  # easy procedures stay byte-identical to earlier caches
     }
     return Procedure(id=pid, steps=steps, split=split, title=scene.title, category=[category, scene.subtype],
                      dag=edges, meta=meta)
@@ -863,7 +950,10 @@ def generate(cfg: SyntheticConfig, out_dir: str | os.PathLike, progress: bool = 
 
 def config_key(cfg: SyntheticConfig) -> str:
     """Short stable hash of the config and generator version: the cache folder name."""
-    payload = json.dumps({"generator": GENERATOR, **asdict(cfg)}, sort_keys=True, default=list)
+    fields = asdict(cfg)
+    if fields["difficulty"] == "easy":  # the field came later: easy worlds keep their cache folders
+        del fields["difficulty"]
+    payload = json.dumps({"generator": GENERATOR, **fields}, sort_keys=True, default=list)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 

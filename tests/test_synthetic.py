@@ -230,3 +230,75 @@ def test_other_config_gets_its_own_folder(tmp_path):
     a = ensure_synthetic(TINY, tmp_path, progress=False)
     b = ensure_synthetic(SyntheticConfig(**{**TINY.__dict__, "num_test": 2}), tmp_path, progress=False)
     assert a != b and len(read_procedures(b / "test.jsonl")) == 2
+
+
+# ------------------------------------------------------------------ the hard world (difficulty: hard)
+
+HARD = SyntheticConfig(num_train=40, num_val=2, num_test=2, image_size=64, seed=3, difficulty="hard",
+                       categories=["stacking", "filling"], min_steps=3, max_steps=6)
+_PALETTE_WORD = re.compile(r"\b(" + "|".join(synthetic.PALETTE) + r")\b")
+
+
+@pytest.fixture(scope="module")
+def hard_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("hard")
+    generate(HARD, folder, progress=False)
+    return folder
+
+
+def _added_color(step) -> str:
+    return step.box_labels[step.meta["new_object"]].split()[0]
+
+
+def test_hard_world_is_deterministic_and_leaves_the_easy_world_alone(hard_dir, tmp_path):
+    generate(HARD, tmp_path / "again", progress=False)
+    assert _files(hard_dir) == _files(tmp_path / "again")
+    assert synthetic.config_key(SyntheticConfig(difficulty="easy")) == synthetic.config_key(SyntheticConfig())
+    assert synthetic.config_key(HARD) != synthetic.config_key(SyntheticConfig(**{**HARD.__dict__, "difficulty": "easy"}))
+    assert read_procedures(tmp_path / "again" / "train.jsonl")[0].meta["difficulty"] == "hard"
+    easy = read_procedures(generate(TINY, tmp_path / "easy", progress=False)["train"])
+    assert all("difficulty" not in p.meta for p in easy)  # easy procedures are as before the option
+
+
+def test_hard_images_show_one_object_and_no_earlier_step(hard_dir):
+    """No single image places its step: it shows the step's own object (one palette color) and
+    neutral distractors only, not the scene built by earlier steps."""
+    procs = _read_all(hard_dir)["train"]
+    palette = {name: np.array(synthetic.COLORS[name]) for name in synthetic.PALETTE}
+    for proc in procs[:12]:
+        for step in proc.steps:
+            labels = step.box_labels
+            assert step.meta["new_object"] == len(labels) - 1
+            assert set(labels[:-1]) == {"distractor"} and 1 <= len(labels) - 1 <= 2
+            pixels = np.asarray(Image.open(hard_dir / step.images[0]).convert("RGB")).reshape(-1, 3)
+            shown = {name for name, rgb in palette.items() if (np.abs(pixels - rgb).sum(1) == 0).sum() >= 4}
+            assert shown == {_added_color(step)}, (proc.id, step.text, shown)
+
+
+def test_hard_texts_name_what_a_step_needs_never_what_it_adds(hard_dir):
+    for proc in _read_all(hard_dir)["train"]:
+        for step in proc.steps:
+            assert _added_color(step) not in step.text
+            assert not re.search(r"\b(left|right|middle)\b", step.text), step.text
+            assert not step.text.lower().startswith("first")
+
+
+def test_hard_dag_is_recovered_from_texts_and_images_together(hard_dir):
+    """Reading each text's colors against the other steps' images rebuilds every procedure's DAG
+    exactly: the dependency information is all there, split across the two modalities."""
+    procs = _read_all(hard_dir)["train"]
+    long_chains = 0
+    for proc in procs:
+        adds = {_added_color(s): k for k, s in enumerate(proc.steps)}
+        assert len(adds) == proc.num_steps  # every color is added by one step only
+        edges = sorted((adds[color], k) for k, s in enumerate(proc.steps) for color in _PALETTE_WORD.findall(s.text))
+        assert edges == sorted(proc.dag), (proc.id, [s.text for s in proc.steps])
+        long_chains += any(len(chain) >= 3 for chain in proc.meta["chains"])
+    assert long_chains >= len(procs) // 3  # orders the texts alone cannot give are common
+
+
+def test_hard_world_rejects_the_garden():
+    with pytest.raises(ValueError, match="garden"):
+        SyntheticConfig(difficulty="hard")
+    with pytest.raises(ValueError, match="difficulty"):
+        SyntheticConfig(difficulty="medium")
