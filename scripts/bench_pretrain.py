@@ -56,8 +56,7 @@ def build_module(preset: str, sdpa: bool, objectives: str, generator_scope: str,
     encoder = {"_target_": "seqaware.encoders.create_encoder", "name": "clipvil",
                "attn_implementation": "sdpa" if sdpa else "eager", "step_embedding": False, **enc}
     return PretrainingModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-5},
-                             objectives={"enabled": objectives, **OBJECTIVES}, generator_scope=generator_scope,
-                             wandb_samples=0)
+                             objectives={"enabled": objectives, **OBJECTIVES}, generator_scope=generator_scope)
 
 
 def random_batch(module: PretrainingModule, batch_size: int, steps: int, tokens: int, image_size: int,

@@ -152,3 +152,63 @@ class Preemption(pl.Callback):
         if trainer.is_global_zero:
             log.warning("stopped by signal %d: resumable checkpoint %s (re-run the same command to resume)",
                         self.received, self.path)
+
+
+class PretrainingSampleTable(pl.Callback):
+    """A W&B table of the first ``rows`` sequences of each validation: id, step indices, the step
+    images side by side, the step texts, and each objective's target and prediction as the
+    objective shows them (:meth:`seqaware.objectives.base.Objective.show`).
+
+    Reads what a module's ``validation_step`` returns for the first batch, ``{"samples":
+    {objectives, corrupted, targets, outputs}}`` (:class:`seqaware.modules.pretraining.PretrainingModule`);
+    does nothing without a ``WandbLogger``, off rank 0, during the sanity check or for modules that
+    return nothing.
+    """
+
+    def __init__(self, rows: int = 4):
+        self.rows = int(rows)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if (self.rows <= 0 or batch_idx != 0 or not isinstance(outputs, dict) or "samples" not in outputs
+                or not trainer.is_global_zero or trainer.sanity_checking):
+            return
+        from pytorch_lightning.loggers import WandbLogger
+
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+        if not loggers:
+            return
+        import wandb
+
+        table = self.table(pl_module, batch, outputs["samples"], getattr(trainer.datamodule, "tokenizer", None),
+                           wandb.Table, wandb.Image)
+        for lg in loggers:
+            lg.experiment.log({"val/samples": table, "trainer/global_step": trainer.global_step})
+
+    def table(self, pl_module, batch: dict, samples: dict, tokenizer, table_cls, image_cls):
+        """The table (``table_cls(columns=...)`` with rows added), images made with ``image_cls``."""
+        import torch
+
+        names = tuple(samples["objectives"])
+        rows = min(self.rows, len(batch["meta"]))
+        decode = tokenizer.convert_ids_to_tokens if tokenizer is not None else (lambda ids: ids)
+        shown = {name: pl_module.objectives[name].show(samples["outputs"], samples["targets"], rows, decode)
+                 for name in names}
+        table = table_cls(columns=["id", "steps", "images", "text"]
+                          + [f"{name}_{part}" for name in names for part in ("target", "prediction")])
+        for b in range(rows):
+            meta = batch["meta"][b]
+            n = int(batch["step_mask"][b].sum())
+            image = None
+            if "pixel_values" in batch:
+                strip = torch.cat(list(batch["pixel_values"][b, :n]), dim=-1)  # (3, H, n*W)
+                strip = (strip - strip.amin()) / (strip.amax() - strip.amin()).clamp(min=1e-6)
+                image = image_cls(strip.permute(1, 2, 0).float().cpu().numpy())
+            text = ""
+            if tokenizer is not None and "input_ids" in batch:
+                text = " | ".join(tokenizer.batch_decode(batch["input_ids"][b, :n], skip_special_tokens=True))
+            row = [meta["id"], str(meta.get("step_index")), image, text]
+            for name in names:
+                gold, pred = shown[name]
+                row += [gold[b], pred[b]]
+            table.add_data(*row)
+        return table

@@ -17,7 +17,9 @@ import torch
 from hydra.errors import InstantiationException
 
 import train
-from seqaware.modules.pretraining import PretrainingModule, corrupt_per_sample, stable_seed
+from seqaware.modules.pretraining import PretrainingModule
+from seqaware.objectives import Objective
+from seqaware.objectives.corruption import corrupt_per_sample, stable_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_EXPERIMENTS = ["roberta_pretrain", "clipvil_pretrain", "visualbert_pretrain", "clip_image_pretrain"]
@@ -334,14 +336,14 @@ def test_rank_scope_is_one_vectorised_draw():
 
 
 def test_corrupt_per_sample_rejects_unknown_target_layouts():
-    class Odd(torch.nn.Module):
+    class Odd(Objective):
         name = "odd"
 
         def corrupt(self, batch, generator):
             return dict(batch), {"odd_map": torch.zeros(1, 3, 3)}
 
     fusion = {"visual_feats": torch.zeros(2, 3, 4, 5), "visual_mask": torch.ones(2, 3, dtype=torch.bool)}
-    with pytest.raises(ValueError, match="target 'odd_map' has no entry in .*TARGET_LAYOUT"):
+    with pytest.raises(ValueError, match="target 'odd_map' has no entry in Odd.target_layout"):
         corrupt_per_sample(Odd(), fusion, torch.zeros(2, dtype=torch.long), torch.full((2,), 3), [1, 2])
 
 
@@ -531,3 +533,53 @@ def test_sample_stats_add_up_to_the_batch_mean():
                 assert (stats["correct"].sum() / count).item() == pytest.approx(logs[f"{name}_acc"].item()), name
                 if name in ("isp", "pisp"):
                     assert torch.equal(stats["count"], torch.ones(8, dtype=torch.float64))
+
+
+def test_a_new_objective_is_one_class_and_one_config(compose_train, tmp_path):
+    """Registering a toy objective (defined here, nothing else changed) and naming it in the config
+    trains and evaluates it through train.py: the module never names an objective."""
+    import torch.nn.functional as F
+
+    from seqaware.objectives import OBJECTIVES, Outcomes, register_objective
+    from seqaware.objectives.base import shallow_copy, uniform
+
+    @register_objective
+    class StepCount(Objective):
+        """Predict whether a sequence has more than 3 steps from [CLS] (text only, no corruption)."""
+
+        name = "toy_steps"
+        modalities = frozenset({"text"})
+        target_layout = {"toy_steps_labels": ("sample", None)}
+
+        def __init__(self, hidden_size: int, threshold: int = 3):
+            super().__init__()
+            self.threshold = threshold
+            self.head = torch.nn.Linear(hidden_size, 2)
+
+        def corrupt(self, batch, generator):
+            steps = batch["text_step"].amax(1) + 1
+            uniform((1,), generator, steps.device)  # draws like a real objective would
+            return shallow_copy(batch), {"toy_steps_labels": (steps > self.threshold).long()}
+
+        def loss_count(self, targets):
+            return torch.tensor(targets["toy_steps_labels"].shape[0])
+
+        def outcomes(self, outputs, targets, **extra):
+            labels = targets["toy_steps_labels"]
+            logits = self.head(outputs.cls)
+            return Outcomes(F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1) == labels,
+                            torch.arange(len(labels)))
+
+    try:
+        cfg = compose_train("experiment=clipvil_pretrain",
+                            "model.objectives.enabled=[mlm,toy_steps]", "+model.objectives.toy_steps.threshold=4",
+                            "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+                            "trainer.log_every_n_steps=1",
+                            "trainer.limit_test_batches=1", *tiny_pretrain())
+        metrics = train.run(cfg)
+    finally:
+        OBJECTIVES.pop("toy_steps", None)
+    assert metrics is not None
+    rows = read_metrics(Path(cfg.paths.output_dir))
+    logged = {k for row in rows for k, v in row.items() if v}
+    assert {"train/toy_steps_loss", "val/toy_steps_acc", "test/toy_steps_acc", "test/mlm_acc"} <= logged

@@ -8,7 +8,7 @@ it on pairs of steps, S = 2) use it through two calls:
 ``encoder.visual_features(pixel_values, boxes=None, box_mask=None) -> (feats (N, P, Dv), patch_mask (N, P) | None)``
     runs the visual backbone once per image (N images); region encoders also take boxes.
 ``encoder(fusion_input) -> EncoderOutput``
-    ``fusion_input`` is the dict described in :mod:`seqaware.objectives.base` (``input_ids``,
+    ``fusion_input`` is the dict described in :mod:`seqaware.encoders.contract` (``input_ids``,
     ``attention_mask``, ``text_step`` of shape (B, T) from :func:`pack_steps`; ``visual_feats``
     (B, S, P, Dv), ``visual_mask`` (B, S), optional ``patch_mask`` (B, S, P)).
 
@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import nn
 
-from seqaware.objectives.base import EncoderOutput
+from seqaware.encoders.contract import EncoderOutput
 
 
 def plain_config(cfg: Optional[Mapping]) -> dict[str, Any]:

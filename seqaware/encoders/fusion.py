@@ -48,7 +48,7 @@ from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.encoders.regions import GEOMETRY_DIM, BoxRegionFeatures
 from seqaware.encoders.text import TextEncoder
 from seqaware.encoders.visual import VisualBackbone, create_visual_backbone
-from seqaware.objectives.base import EncoderOutput
+from seqaware.encoders.contract import EncoderOutput
 
 MODALITIES = ("multimodal", "image", "text")
 

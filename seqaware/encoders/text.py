@@ -18,7 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from seqaware.encoders.base import SequenceEncoder, plain_config
-from seqaware.objectives.base import EncoderOutput
+from seqaware.encoders.contract import EncoderOutput
 from seqaware.pretrained import from_pretrained, load_tokenizer
 
 

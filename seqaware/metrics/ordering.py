@@ -17,7 +17,7 @@ Per-instance metrics (:func:`order_metrics`), with ``n`` items, ``pred`` the pre
 * ``tau`` -- Kendall's tau between the orders: ``1 - 2 * inversions / C(n, 2)`` where an
   inversion is a pair of items the two orders put in opposite order; 1.0 when ``n == 1``.
 
-Corpus level (:func:`corpus_order_metrics`, :class:`OrderingMetrics`) each instance may come with
+Corpus level (:func:`corpus_order_metrics`, :class:`seqaware.metrics.torch_metrics.OrderingMetrics`) each instance may come with
 several valid reference orders; see :func:`select_reference` for which one is scored. With a
 dependency DAG (``(num_steps, edges)``, edges ``(i, j)`` = "i before j", see :mod:`seqaware.dag`)
 an instance is also scored against the pairs the DAG constrains (:func:`dag_order_metrics`),
@@ -48,7 +48,6 @@ __all__ = [
     "corpus_order_metrics",
     "pairwise_relations",
     "order_kappa",
-    "OrderingMetrics",
 ]
 
 #: Keys of :func:`order_metrics`, in the order they are reported.
@@ -450,12 +449,3 @@ def binary_kappa(x: Sequence[int], y: Sequence[int]) -> float:
         return 1.0 if observed == 1.0 else 0.0
     return (observed - expected) / (1.0 - expected)
 
-
-def __getattr__(name: str) -> Any:
-    """``OrderingMetrics`` lives in :mod:`seqaware.metrics.torch_metrics` and is imported on first use:
-    torchmetrics takes seconds to import, and scripts that only score files never need it."""
-    if name == "OrderingMetrics":
-        from seqaware.metrics.torch_metrics import OrderingMetrics
-
-        return OrderingMetrics
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -63,10 +63,10 @@ other submodule is in train mode during fit (:class:`~seqaware.modules.base.Seqa
 """
 from __future__ import annotations
 
-import hashlib
+import inspect
 import logging
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -74,53 +74,18 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, fusion_input
+from seqaware.encoders.contract import EncoderOutput
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique, global_share, world_size
-from seqaware.objectives import ObjectiveSchedule, build_objective, check_objectives
-from seqaware.objectives.base import EncoderOutput, Objective
-from seqaware.objectives.mlm import IGNORE_INDEX
+from seqaware.objectives import OBJECTIVES, ObjectiveSchedule, build_objective, check_objectives
+from seqaware.objectives.corruption import corrupt_per_sample, cpu_generator, stable_seed
 
 log = logging.getLogger(__name__)
 
 GENERATOR_SCOPES = ("sample", "rank")
 NORMALIZATIONS = ("global", "local")
 EXPORTS = ("best", "last")
-
-# fusion-input entries by layout: "text" (B, T, ...) or "step" (B, S, ...); padding value
-FUSION_LAYOUT: dict[str, tuple[str, Any]] = {
-    "input_ids": ("text", None), "attention_mask": ("text", 0), "text_step": ("text", -1),
-    "token_type_ids": ("text", 0), "visual_feats": ("step", 0.0), "visual_mask": ("step", False),
-    "patch_mask": ("step", False),
-}
-# objective targets by layout: "sample" = (B, ...) independent of T and S
-TARGET_LAYOUT: dict[str, tuple[str, Any]] = {
-    "mlm_labels": ("text", IGNORE_INDEX),
-    "isp_labels": ("sample", None), "isp_steps": ("sample", None),
-    "pisp_labels": ("sample", None), "pisp_steps": ("sample", None), "pisp_num_patches": ("sample", None),
-    "pisp_swapped": ("step", False),
-    "smrm_mask": ("step", False),
-}
-# what an objective's mean loss averages over (for the exact global-batch loss under DDP)
-LOSS_COUNTS: dict[str, Callable[[dict, dict], torch.Tensor]] = {
-    "mlm": lambda fusion, t: (t["mlm_labels"] != IGNORE_INDEX).sum(),
-    "isp": lambda fusion, t: torch.tensor(t["isp_labels"].shape[0], device=t["isp_labels"].device),
-    "pisp": lambda fusion, t: torch.tensor(t["pisp_labels"].shape[0], device=t["pisp_labels"].device),
-    "smrm": lambda fusion, t: t["smrm_mask"].sum(),
-}
-
-
-def stable_seed(*keys: Any) -> int:
-    """A 63-bit seed from any printable keys, identical across processes and Python runs
-    (``hash()`` of a string is salted per process, so it cannot be used)."""
-    digest = hashlib.blake2b("\x1f".join(map(str, keys)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-def cpu_generator(seed: int) -> torch.Generator:
-    """A CPU generator: the same numbers on every device (objectives move their noise to the data)."""
-    return torch.Generator().manual_seed(int(seed))
-
 
 def freeze_batchnorm_layers(module: nn.Module) -> list[nn.Module]:
     """Every BatchNorm layer of ``module``, put in eval mode with its affine parameters frozen.
@@ -134,91 +99,6 @@ def freeze_batchnorm_layers(module: nn.Module) -> list[nn.Module]:
         for p in sub.parameters(recurse=False):
             p.requires_grad_(False)
     return layers
-
-
-class TiedLMHead(nn.Module):
-    """BERT-style MLM head whose output projection is the encoder's input embedding matrix.
-
-    ``Linear(H, H) -> GELU -> LayerNorm -> x @ E^T + b``.  The embedding is referenced, not
-    registered, so it appears once in the state dict (under the encoder).
-    """
-
-    def __init__(self, embedding: nn.Embedding, hidden_size: int, eps: float = 1e-12):
-        super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.norm = nn.LayerNorm(hidden_size, eps=eps)
-        self.bias = nn.Parameter(torch.zeros(embedding.num_embeddings))
-        self.__dict__["_embedding"] = embedding  # not a submodule: no duplicate in state_dict / optimiser
-
-    def forward(self, states: torch.Tensor) -> torch.Tensor:
-        hidden = self.norm(F.gelu(self.dense(states)))
-        return F.linear(hidden, self._embedding.weight, self.bias)
-
-
-def _slice_sample(tensors: dict, b: int, length: int, steps: int, layout: dict) -> dict:
-    """Sample ``b`` of every entry, cut to its own ``length`` tokens and ``steps`` steps."""
-    out = {}
-    for key, value in tensors.items():
-        kind = layout.get(key, ("sample", None))[0]
-        row = value[b:b + 1]
-        if kind == "text":
-            row = row[:, :length]
-        elif kind == "step":
-            row = row[:, :steps]
-        out[key] = row
-    return out
-
-
-def _pad_like(value: torch.Tensor, kind: str, fill: Any, template: Optional[torch.Tensor],
-              T: int, S: int) -> torch.Tensor:
-    """Pad a (1, t, ...) / (1, s, ...) sample back to the batch's T / S (template row or ``fill``)."""
-    if kind == "sample":
-        return value
-    full = T if kind == "text" else S
-    if value.shape[1] == full:
-        return value
-    if template is not None:
-        out = template.clone()
-    else:
-        out = value.new_full((1, full, *value.shape[2:]), fill)
-    out[:, :value.shape[1]] = value
-    return out
-
-
-def corrupt_per_sample(objective: Objective, fusion: dict, lengths: torch.Tensor, steps: torch.Tensor,
-                       seeds: list[int]) -> tuple[dict, dict]:
-    """Corrupt every sample on its own, cut to its real length, with the generator of its seed.
-
-    ``lengths`` (B,) real tokens per sample (0 without text), ``steps`` (B,) real steps.  The
-    pieces are padded back to the batch shape and concatenated; untouched entries are shared.
-    """
-    B = len(seeds)
-    T = fusion["input_ids"].shape[1] if "input_ids" in fusion else 0
-    S = fusion["visual_mask"].shape[1] if "visual_mask" in fusion else 0
-    lengths_l, steps_l = lengths.tolist(), steps.tolist()
-    parts_in: list[dict] = []
-    parts_tgt: list[dict] = []
-    changed: dict[str, None] = {}
-    for b in range(B):  # the corruption only: a few small ops per sample (see the module docstring)
-        sample = _slice_sample(fusion, b, lengths_l[b], steps_l[b], FUSION_LAYOUT)
-        corrupted, targets = objective.corrupt(sample, cpu_generator(seeds[b]))
-        changed.update({k: None for k, v in corrupted.items() if v is not sample.get(k)})
-        parts_in.append(corrupted)
-        parts_tgt.append(targets)
-    out = dict(fusion)
-    for key in changed:
-        kind, fill = FUSION_LAYOUT.get(key, ("sample", None))
-        out[key] = torch.cat([_pad_like(p[key], kind, fill, fusion[key][b:b + 1] if key in fusion else None, T, S)
-                              for b, p in enumerate(parts_in)])
-    targets = {}
-    for key in parts_tgt[0]:
-        if key not in TARGET_LAYOUT:
-            raise ValueError(f"{objective.name}: target {key!r} has no entry in "
-                             "seqaware.modules.pretraining.TARGET_LAYOUT (text/step/sample layout); add it "
-                             "or use model.generator_scope=rank")
-        kind, fill = TARGET_LAYOUT[key]
-        targets[key] = torch.cat([_pad_like(p[key], kind, fill, None, T, S) for p in parts_tgt])
-    return out, targets
 
 
 class PretrainingModule(SeqawareModule):
@@ -236,20 +116,26 @@ class PretrainingModule(SeqawareModule):
         schedule_seed: seeds the objective turn-taking and the corruption.
         generator_scope: ``sample`` | ``rank`` (see the module docstring).
         loss_normalization: ``global`` | ``local`` (see the module docstring).
-        tie_lm_head: MLM head projects onto the encoder's word embeddings (BERT-style) when it
-            exposes ``word_embeddings``; else a separate ``Linear``.
         freeze_batchnorm: keep BatchNorm layers in eval mode with frozen affine parameters.
         clean_pass_eval: SMRM's clean no-grad target pass runs without dropout.
         export_weights: ``best`` (best monitored checkpoint) | ``last`` weights go to ``encoder_file``.
         encoder_file: file name of the exported encoder state dict in the run folder.
-        wandb_samples: rows of the W&B sample table logged at each validation (0: none).
+        tie_lm_head / wandb_samples: accepted from configs and checkpoints written before they
+            moved: ``tie_lm_head`` (when set) becomes the default of every objective whose
+            ``from_encoder`` takes it (``model.objectives.mlm.tie_lm_head``); the W&B sample table is
+            the callback ``callbacks.pretrain_samples`` (:class:`seqaware.callbacks.PretrainingSampleTable`),
+            so ``wandb_samples`` has no effect here.
+
+    The module never names an objective: each enabled one is built by its class
+    (:meth:`~seqaware.objectives.base.Objective.from_encoder`), says what its loss averages over
+    (``loss_count``) and how its targets are laid out (``target_layout``).
     """
 
     def __init__(self, encoder: dict, optimizer: dict, objectives: Optional[dict] = None,
                  scheduler: Optional[dict] = None, visual: Optional[dict] = None, schedule_seed: int = 0,
-                 generator_scope: str = "rank", loss_normalization: str = "global", tie_lm_head: bool = True,
+                 generator_scope: str = "rank", loss_normalization: str = "global", tie_lm_head: Optional[bool] = None,
                  freeze_batchnorm: bool = True, clean_pass_eval: bool = True, export_weights: str = "best",
-                 encoder_file: str = "encoder.pt", wandb_samples: int = 4):
+                 encoder_file: str = "encoder.pt", wandb_samples: Optional[int] = None):
         super().__init__()
         if not objectives or not objectives.get("enabled"):
             raise ValueError("model.objectives.enabled is not set: pick an objective set with objectives=NAME "
@@ -264,9 +150,9 @@ class PretrainingModule(SeqawareModule):
             "encoder": as_container(encoder), "optimizer": as_container(optimizer),
             "objectives": as_container(objectives), "scheduler": as_container(scheduler),
             "visual": as_container(visual), "schedule_seed": schedule_seed, "generator_scope": generator_scope,
-            "loss_normalization": loss_normalization, "tie_lm_head": tie_lm_head,
+            "loss_normalization": loss_normalization,
             "freeze_batchnorm": freeze_batchnorm, "clean_pass_eval": clean_pass_eval,
-            "export_weights": export_weights, "encoder_file": encoder_file, "wandb_samples": wandb_samples})
+            "export_weights": export_weights, "encoder_file": encoder_file})
 
         enc_cfg = dict(self.hparams.encoder)
         enc_ckpt = enc_cfg.pop("ckpt", None)
@@ -289,12 +175,8 @@ class PretrainingModule(SeqawareModule):
         enabled = obj_cfg.pop("enabled")
         self.objective_names = check_objectives(enabled if isinstance(enabled, str) else list(enabled),
                                                 self.encoder.modality)
-        self.objectives = nn.ModuleDict({name: self._build_objective(name, dict(obj_cfg.get(name) or {}))
+        self.objectives = nn.ModuleDict({name: self._build_objective(name, dict(obj_cfg.get(name) or {}), tie_lm_head)
                                          for name in self.objective_names})
-        uncounted = [n for n in self.objective_names if n not in LOSS_COUNTS]
-        if loss_normalization == "global" and uncounted:
-            raise ValueError(f"model.loss_normalization=global needs LOSS_COUNTS entries (what the mean loss averages "
-                             f"over) for {uncounted} in seqaware/modules/pretraining.py; or set it to local")
         self.schedule = ObjectiveSchedule(list(self.objective_names), seed=schedule_seed)
         self.generator_scope = generator_scope
         self.loss_normalization = loss_normalization
@@ -315,22 +197,11 @@ class PretrainingModule(SeqawareModule):
         self.train(True)
 
     # ------------------------------------------------------------------ construction
-    def _build_objective(self, name: str, kwargs: dict) -> nn.Module:
-        kwargs.setdefault("hidden_size", self.encoder.hidden_size)
-        if name == "mlm":
-            enc = self.encoder
-            for attr in ("vocab_size", "mask_token_id", "special_token_ids"):
-                if not hasattr(enc, attr):
-                    raise ValueError(f"objective 'mlm' needs the encoder's {attr}; {type(enc).__name__} has none")
-            if enc.mask_token_id < 0:
-                raise ValueError(f"objective 'mlm': the tokenizer of {type(enc).__name__} has no mask token")
-            kwargs.setdefault("vocab_size", enc.vocab_size)
-            kwargs.setdefault("mask_token_id", enc.mask_token_id)
-            kwargs.setdefault("special_token_ids", list(enc.special_token_ids))
-            embeddings = getattr(enc, "word_embeddings", None)
-            if self.hparams.tie_lm_head and isinstance(embeddings, nn.Embedding):
-                kwargs.setdefault("lm_head", TiedLMHead(embeddings, enc.hidden_size))
-        return build_objective(name, **kwargs)
+    def _build_objective(self, name: str, kwargs: dict, tie_lm_head: Optional[bool]) -> nn.Module:
+        from_encoder = OBJECTIVES[name].from_encoder
+        if tie_lm_head is not None and "tie_lm_head" in inspect.signature(from_encoder).parameters:
+            kwargs.setdefault("tie_lm_head", tie_lm_head)  # the module-level option of earlier configs
+        return build_objective(name, self.encoder, **kwargs)
 
     def frozen_modules(self) -> list[nn.Module]:
         """The encoder's BatchNorm layers when ``freeze_batchnorm`` (see the module docstring)."""
@@ -385,7 +256,8 @@ class PretrainingModule(SeqawareModule):
         device = next(iter(targets.values())).device
         if self.loss_normalization == "local" or self._world() == 1:
             return {n: torch.ones((), device=device) for n in names}
-        return dict(zip(names, global_share(torch.stack([LOSS_COUNTS[n](fusion, targets).to(device).float() for n in names]))))
+        counts = [self.objectives[n].loss_count(targets).to(device).float() for n in names]
+        return dict(zip(names, global_share(torch.stack(counts))))
 
     def _forward_group(self, batch: dict, names: tuple[str, ...], when: Any, fusion: Optional[dict] = None,
                        per_sample: Optional[bool] = None) -> tuple[dict, dict, EncoderOutput, dict[str, dict]]:
@@ -466,17 +338,21 @@ class PretrainingModule(SeqawareModule):
         always, rotating = self.schedule.always, self.schedule.rotating
         return [always + (name,) for name in rotating] or [always]
 
-    def _eval_step(self, stage: str, batch: dict, batch_idx: int) -> None:
+    def _eval_step(self, stage: str, batch: dict, batch_idx: int) -> Optional[dict]:
         """Every enabled objective on the same batch (each with MLM when enabled); keeps, per
         sequence, the sums of each objective's per-target losses, hits and counts.
 
         The corruption is always seeded per sample by ``"eval"`` and the sequence's id (whatever
         ``generator_scope``): every evaluation pass sees the same corruption, and a sequence's
         corruption does not depend on the batch it falls in or on the number of processes.
+
+        Returns, for the first batch, ``{"samples": {objectives, corrupted, targets, outputs}}`` of
+        the first objective group (what :class:`seqaware.callbacks.PretrainingSampleTable` shows).
         """
         fusion = self.fusion(batch)
         keys = self._sample_keys(batch)
         rows: list[dict[str, float]] = [{} for _ in keys]
+        samples = None
         for g, group in enumerate(self._eval_groups()):
             corrupted, targets, outputs, kwargs = self._forward_group(batch, group, "eval", fusion, per_sample=True)
             for name in group:
@@ -484,9 +360,10 @@ class PretrainingModule(SeqawareModule):
                 for stat, values in stats.items():
                     for row, value in zip(rows, values.tolist()):
                         row[f"{g}/{name}/{stat}"] = value
-            if stage == "val" and batch_idx == 0 and g == 0:
-                self._log_wandb_samples(batch, group, dict(corrupted=corrupted, targets=targets, outputs=outputs))
+            if batch_idx == 0 and g == 0:
+                samples = {"objectives": group, "corrupted": corrupted, "targets": targets, "outputs": outputs}
         self._eval_records[stage].extend({"id": key, "stats": row} for key, row in zip(keys, rows))
+        return {"samples": samples} if batch_idx == 0 else None
 
     def eval_metrics(self, records: list[dict], stage: str) -> dict[str, float]:
         """Split-level metrics from per-sequence records (each sequence once).
@@ -538,94 +415,11 @@ class PretrainingModule(SeqawareModule):
     def on_test_epoch_end(self) -> None:
         self._log_eval("test")
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("val", batch, batch_idx)
+    def validation_step(self, batch: dict, batch_idx: int) -> Optional[dict]:
+        return self._eval_step("val", batch, batch_idx)
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step("test", batch, batch_idx)
-
-    # ------------------------------------------------------------------ W&B samples
-    def _log_wandb_samples(self, batch: dict, names: tuple[str, ...], extra: dict) -> None:
-        """A wandb.Table of a few sequences (step images + texts) and the objectives' outcomes.
-
-        Only when a WandbLogger is attached, on rank 0 and outside sanity checking; the CSV and
-        TensorBoard loggers never reach this code.
-        """
-        rows = int(self.hparams.wandb_samples)
-        if rows <= 0 or self._trainer is None or not self.trainer.is_global_zero or self.trainer.sanity_checking:
-            return
-        from pytorch_lightning.loggers import WandbLogger
-
-        loggers = [lg for lg in self.trainer.loggers if isinstance(lg, WandbLogger)]
-        if not loggers:
-            return
-        import wandb
-
-        table = wandb.Table(columns=self._sample_columns(names))
-        for row in self._sample_rows(batch, names, extra, rows, wandb.Image):
-            table.add_data(*row)
-        for lg in loggers:
-            lg.experiment.log({"val/samples": table, "trainer/global_step": self.global_step})
-
-    def _sample_columns(self, names: tuple[str, ...]) -> list[str]:
-        cols = ["id", "steps", "images", "text"]
-        for name in names:
-            cols += [f"{name}_target", f"{name}_prediction"]
-        return cols
-
-    @torch.no_grad()
-    def _sample_rows(self, batch: dict, names: tuple[str, ...], extra: dict, rows: int,
-                     image_cls: Callable) -> list[list]:
-        """Table rows: id, step indices, the step images side by side, the step texts, outcomes."""
-        outputs: EncoderOutput = extra["outputs"]
-        targets = extra["targets"]
-        B = min(rows, len(batch["meta"]))
-        outcomes: dict[str, tuple[list[str], list[str]]] = {}
-        for name in names:
-            objective = self.objectives[name]
-            if name in ("isp", "pisp"):
-                pred = objective.head(outputs.cls[:B]).argmax(-1).tolist()
-                gold = targets[f"{name}_labels"][:B].tolist()
-                outcomes[name] = ([str(g) for g in gold], [str(p) for p in pred])
-            elif name == "mlm":
-                labels = targets["mlm_labels"][:B]
-                where = labels != IGNORE_INDEX
-                pred = torch.full_like(labels, IGNORE_INDEX)
-                if where.any():
-                    pred[where] = objective.lm_head(outputs.text_states[:B][where]).argmax(-1)
-                tok = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
-                decode = (lambda ids: tok.convert_ids_to_tokens(ids)) if tok is not None else (lambda ids: ids)
-                outcomes[name] = ([" ".join(map(str, decode(labels[b][where[b]].tolist()))) for b in range(B)],
-                                  [" ".join(map(str, decode(pred[b][where[b]].tolist()))) for b in range(B)])
-            elif name == "smrm":
-                masked = targets["smrm_mask"][:B].flatten(1).sum(1).tolist()
-                outcomes[name] = ([f"{m} masked patches" for m in masked], ["" for _ in masked])
-        texts = self._step_texts(batch, B)
-        out = []
-        for b in range(B):
-            meta = batch["meta"][b]
-            image = None
-            if "pixel_values" in batch:
-                n = int(batch["step_mask"][b].sum())
-                strip = torch.cat(list(batch["pixel_values"][b, :n]), dim=-1)  # (3, H, n*W)
-                strip = (strip - strip.amin()) / (strip.amax() - strip.amin()).clamp(min=1e-6)
-                image = image_cls(strip.permute(1, 2, 0).float().cpu().numpy())
-            row = [meta["id"], str(meta.get("step_index")), image, texts[b]]
-            for name in names:
-                gold, pred = outcomes.get(name, ([""] * B, [""] * B))
-                row += [gold[b], pred[b]]
-            out.append(row)
-        return out
-
-    def _step_texts(self, batch: dict, B: int) -> list[str]:
-        tok = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None) if self._trainer else None
-        if tok is None or "input_ids" not in batch:
-            return [""] * B
-        texts = []
-        for b in range(B):
-            n = int(batch["step_mask"][b].sum())
-            texts.append(" | ".join(tok.batch_decode(batch["input_ids"][b, :n], skip_special_tokens=True)))
-        return texts
+    def test_step(self, batch: dict, batch_idx: int) -> Optional[dict]:
+        return self._eval_step("test", batch, batch_idx)
 
     # ------------------------------------------------------------------ export
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,24 +1,14 @@
-"""The contract between single-stream encoders and pretraining objectives.
+"""What every pretraining objective is and knows (Wu et al., ACL 2022, sec. 4.1-4.2).
 
-Fusion input (a plain ``dict`` of tensors, the keys an encoder reads)::
-
-    input_ids       (B, T)      long   token ids
-    attention_mask  (B, T)      long/bool  1 = real token
-    text_step       (B, T)      long   step index of each token, -1 for special tokens / padding
-    visual_feats    (B, S, P, D) float P patch / region features of the image of each step
-    visual_mask     (B, S)      bool   the step has an image
-    patch_mask      (B, S, P)   bool   optional: the patch / region is real (region features)
-
-A text-only batch has no visual keys and an image-only batch no text keys.  The encoder returns an
-:class:`EncoderOutput`.
-
-Every objective is an ``nn.Module`` with two methods:
+An objective works on the encoders' fusion input and output (:mod:`seqaware.encoders.contract`):
 
 ``corrupt(batch, generator) -> (fusion_input, targets)``
     Builds the corrupted fusion input (new tensors, the input batch is never modified) and the
     targets.  All randomness comes from ``generator`` so a caller can seed it per sample / rank /
     step.  Masking is vectorised like MAE (``argsort`` of random noise): no Python loop runs over
-    samples or patches.
+    samples or patches.  ``target_layout`` says how each target is laid out (``text`` (B, T, ...),
+    ``step`` (B, S, ...) or ``sample`` (B, ...)) and padded, so a caller can corrupt samples one by
+    one and pad them back (:func:`seqaware.objectives.corruption.corrupt_per_sample`).
 ``outcomes(outputs, targets, **extra) -> Outcomes``
     One entry per prediction target (a masked token, a sequence's swap label, a masked region):
     its loss, whether it was predicted right and the batch row it belongs to.  The base class
@@ -33,36 +23,24 @@ Every objective is an ``nn.Module`` with two methods:
 
 An objective whose targets come from a second, no-grad encoder pass over the *clean* input (SMRM)
 sets ``needs_clean_pass = True`` and receives ``target_states`` in ``forward``.
+
+It also says how it is built from the encoder (:meth:`Objective.from_encoder`), what its mean loss
+averages over (:meth:`Objective.loss_count`, for the exact global-batch loss under DDP) and how its
+outcome is shown to a person (:meth:`Objective.show`, the W&B sample table).  The pretraining module
+loops over the enabled objectives and never names one; a new objective is one class registered
+with :func:`seqaware.objectives.register_objective` and one entry of ``configs/objectives/``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-TEXT_KEYS = ("input_ids", "attention_mask", "text_step")
-VISUAL_KEYS = ("visual_feats", "visual_mask", "patch_mask")
-# keys indexed by (sample, step, ...) that move together when whole images are swapped
-STEP_KEYS = ("visual_feats", "visual_mask", "patch_mask")
-
-
-@dataclass
-class EncoderOutput:
-    """What a single-stream encoder returns.
-
-    ``cls``: (B, H) pooled [CLS] state.  ``text_states``: (B, T, H) (None for image-only encoders).
-    ``patch_states``: (B, S, P, H) output states of the visual tokens; ``projected_visual``:
-    (B, S, P, H) visual features after the encoder's input projection (Linear + LayerNorm), before
-    the transformer (both None for text-only encoders).
-    """
-
-    cls: torch.Tensor
-    text_states: Optional[torch.Tensor] = None
-    patch_states: Optional[torch.Tensor] = None
-    projected_visual: Optional[torch.Tensor] = None
+# the encoder contract, re-exported for objectives written against it
+from seqaware.encoders.contract import STEP_KEYS, TEXT_KEYS, VISUAL_KEYS, EncoderOutput  # noqa: F401
 
 
 def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -127,9 +105,33 @@ class Objective(nn.Module):
     name: str = "objective"
     modalities: frozenset[str] = frozenset()
     needs_clean_pass: bool = False
+    always_on: ClassVar[bool] = False
+    """Runs at every step beside the one drawn objective (MLM in Wu et al.'s turn-taking)."""
+    target_layout: ClassVar[dict[str, tuple[str, Any]]] = {}
+    """Every target key's layout (``text`` | ``step`` | ``sample``) and padding value."""
+
+    @classmethod
+    def from_encoder(cls, encoder: nn.Module, **kwargs) -> "Objective":
+        """The objective for ``encoder`` with the config's ``kwargs`` (default: its hidden size)."""
+        kwargs.setdefault("hidden_size", encoder.hidden_size)
+        return cls(**kwargs)
 
     def corrupt(self, batch: dict, generator: torch.Generator) -> tuple[dict, dict]:
         raise NotImplementedError
+
+    def loss_count(self, targets: dict) -> torch.Tensor:
+        """How many targets the batch's mean loss averages over (0-dim tensor)."""
+        raise NotImplementedError(f"objective {self.name!r} defines no loss_count (needed by "
+                                  "model.loss_normalization=global; or set it to local)")
+
+    @torch.no_grad()
+    def show(self, outputs: EncoderOutput, targets: dict, rows: int,
+             decode: Callable[[list[int]], list[str]]) -> tuple[list[str], list[str]]:
+        """Target and prediction of the first ``rows`` sequences as short strings (the W&B sample
+        table); ``decode`` turns token ids into tokens.  Default: the per-sequence accuracy."""
+        stats = self.sample_stats(outputs, targets)
+        hits, count = stats["correct"][:rows].tolist(), stats["count"][:rows].tolist()
+        return [f"{int(c)} targets" for c in count], [f"{int(h)} right" for h in hits]
 
     def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
         raise NotImplementedError
@@ -179,6 +181,17 @@ class SwapClassificationObjective(Objective):
             self.head = nn.Sequential(nn.Linear(hidden_size, head_hidden), nn.GELU(), nn.Linear(head_hidden, 2))
         else:
             self.head = nn.Linear(hidden_size, 2)
+
+    def loss_count(self, targets: dict) -> torch.Tensor:
+        labels = targets[f"{self.name}_labels"]
+        return torch.tensor(labels.shape[0], device=labels.device)
+
+    @torch.no_grad()
+    def show(self, outputs: EncoderOutput, targets: dict, rows: int,
+             decode: Callable[[list[int]], list[str]]) -> tuple[list[str], list[str]]:
+        gold = targets[f"{self.name}_labels"][:rows].tolist()
+        pred = self.head(outputs.cls[:rows]).argmax(-1).tolist()
+        return [str(g) for g in gold], [str(p) for p in pred]
 
     def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
         labels = targets[f"{self.name}_labels"]  # one target per sequence

@@ -50,6 +50,25 @@ def balanced_step_mask(maskable: torch.Tensor, text_step: torch.Tensor, prob: fl
     return torch.zeros_like(maskable).scatter(1, order, selected_sorted)
 
 
+class TiedLMHead(nn.Module):
+    """BERT-style MLM head whose output projection is the encoder's input embedding matrix.
+
+    ``Linear(H, H) -> GELU -> LayerNorm -> x @ E^T + b``.  The embedding is referenced, not
+    registered, so it appears once in the state dict (under the encoder).
+    """
+
+    def __init__(self, embedding: nn.Embedding, hidden_size: int, eps: float = 1e-12):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.bias = nn.Parameter(torch.zeros(embedding.num_embeddings))
+        self.__dict__["_embedding"] = embedding  # not a submodule: no duplicate in state_dict / optimiser
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        hidden = self.norm(F.gelu(self.dense(states)))
+        return F.linear(hidden, self._embedding.weight, self.bias)
+
+
 class MaskedLanguageModeling(Objective):
     """Step-balanced MLM.
 
@@ -67,6 +86,27 @@ class MaskedLanguageModeling(Objective):
 
     name = "mlm"
     modalities = frozenset({"text"})
+    target_layout = {"mlm_labels": ("text", IGNORE_INDEX)}
+    always_on = True  # Wu et al. sec. 4.2: MLM at every step, the other objectives take turns
+
+    @classmethod
+    def from_encoder(cls, encoder: nn.Module, tie_lm_head: bool = True, **kwargs) -> "MaskedLanguageModeling":
+        """MLM over ``encoder``'s tokenizer (vocabulary, [MASK], special tokens); ``tie_lm_head``: the
+        head projects onto the encoder's word embeddings (BERT-style, :class:`TiedLMHead`) when the
+        encoder exposes ``word_embeddings``, else a separate ``Linear``."""
+        for attr in ("vocab_size", "mask_token_id", "special_token_ids"):
+            if not hasattr(encoder, attr):
+                raise ValueError(f"objective 'mlm' needs the encoder's {attr}; {type(encoder).__name__} has none")
+        if encoder.mask_token_id < 0:
+            raise ValueError(f"objective 'mlm': the tokenizer of {type(encoder).__name__} has no mask token")
+        kwargs.setdefault("hidden_size", encoder.hidden_size)
+        kwargs.setdefault("vocab_size", encoder.vocab_size)
+        kwargs.setdefault("mask_token_id", encoder.mask_token_id)
+        kwargs.setdefault("special_token_ids", list(encoder.special_token_ids))
+        embeddings = getattr(encoder, "word_embeddings", None)
+        if tie_lm_head and isinstance(embeddings, nn.Embedding):
+            kwargs.setdefault("lm_head", TiedLMHead(embeddings, encoder.hidden_size))
+        return cls(**kwargs)
 
     def __init__(self, hidden_size: int, vocab_size: int, mask_token_id: int, mask_prob: float = 0.15,
                  special_token_ids: Sequence[int] = (), lm_head: Optional[nn.Module] = None,
@@ -107,6 +147,21 @@ class MaskedLanguageModeling(Objective):
         corrupted["input_ids"] = new_ids
         labels = torch.where(selected, ids, torch.full_like(ids, IGNORE_INDEX))
         return corrupted, {"mlm_labels": labels}
+
+    def loss_count(self, targets: dict) -> torch.Tensor:
+        return (targets["mlm_labels"] != IGNORE_INDEX).sum()
+
+    @torch.no_grad()
+    def show(self, outputs: EncoderOutput, targets: dict, rows: int, decode) -> tuple[list[str], list[str]]:
+        """The masked tokens and the predicted ones, per sequence."""
+        labels = targets["mlm_labels"][:rows]
+        where = labels != IGNORE_INDEX
+        pred = torch.full_like(labels, IGNORE_INDEX)
+        if where.any():
+            pred[where] = self.lm_head(outputs.text_states[:rows][where]).argmax(-1)
+        words = lambda ids: " ".join(map(str, decode(ids)))  # noqa: E731
+        return ([words(labels[b][where[b]].tolist()) for b in range(len(labels))],
+                [words(pred[b][where[b]].tolist()) for b in range(len(labels))])
 
     def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
         labels = targets["mlm_labels"]

@@ -31,6 +31,8 @@ class PatchSwapPrediction(SwapClassificationObjective):
     """
 
     name = "pisp"
+    target_layout = {"pisp_labels": ("sample", None), "pisp_steps": ("sample", None),
+                     "pisp_num_patches": ("sample", None), "pisp_swapped": ("step", False)}
 
     def __init__(self, hidden_size: int, delta: float = 0.5, max_patches: Optional[int] = None,
                  head_hidden: Optional[int] = None):

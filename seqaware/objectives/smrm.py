@@ -89,6 +89,7 @@ class SequentialMaskedRegionModeling(Objective):
     """
 
     name = "smrm"
+    target_layout = {"smrm_mask": ("step", False)}
     modalities = frozenset({"image"})
     needs_clean_pass = True
 
@@ -177,6 +178,14 @@ class SequentialMaskedRegionModeling(Objective):
             valid = torch.cat([torch.arange(width, device=device) < int(n) for n in counts])
             return torch.cat(gathered)[None], valid[None], group, rank * width + local
         return tgt[None], torch.ones(1, N, dtype=torch.bool, device=device), group, local
+
+    def loss_count(self, targets: dict) -> torch.Tensor:
+        return targets["smrm_mask"].sum()
+
+    @torch.no_grad()
+    def show(self, outputs: EncoderOutput, targets: dict, rows: int, decode) -> tuple[list[str], list[str]]:
+        masked = targets["smrm_mask"][:rows].flatten(1).sum(1).tolist()
+        return [f"{m} masked patches" for m in masked], ["" for _ in masked]
 
     def outcomes(self, outputs: EncoderOutput, targets: dict, target_states: Optional[torch.Tensor] = None,
                  generator: Optional[torch.Generator] = None, **extra) -> Outcomes:

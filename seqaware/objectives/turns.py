@@ -7,7 +7,7 @@ Image-only encoders have no MLM; text-only encoders have no visual objectives.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -69,15 +69,20 @@ def check_objectives(names: str | Iterable[str], modality: str) -> tuple[str, ..
 class ObjectiveSchedule:
     """Which objectives run at a given global step.
 
-    ``always`` objectives (MLM) run every step when enabled; one of the remaining enabled objectives
+    ``always`` objectives (default: the registered classes with ``always_on``, i.e. MLM) run every
+    step when enabled; one of the remaining enabled objectives
     is drawn uniformly per step from a generator seeded by ``(seed, global_step)`` only.
     """
 
-    def __init__(self, enabled: str | Sequence[str], seed: int = 0, always: Sequence[str] = ("mlm",)):
+    def __init__(self, enabled: str | Sequence[str], seed: int = 0, always: Optional[Sequence[str]] = None):
         names = resolve_objectives(enabled)
         if not names:
             raise ValueError("ObjectiveSchedule needs at least one objective")
         self.seed = int(seed)
+        if always is None:  # the registered classes say which objectives run at every step
+            from seqaware.objectives import OBJECTIVES
+
+            always = [n for n in names if n in OBJECTIVES and OBJECTIVES[n].always_on]
         self.always = tuple(n for n in names if n in always)
         self.rotating = tuple(n for n in names if n not in always)
 
