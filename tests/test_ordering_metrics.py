@@ -11,9 +11,9 @@ import torch
 from scipy.stats import kendalltau
 from sklearn.metrics import cohen_kappa_score
 
+from seqaware.metrics import OrderingMetrics
 from seqaware.metrics.ordering import (
     ORDER_KEYS,
-    OrderingMetrics,
     corpus_order_metrics,
     dag_order_metrics,
     order_kappa,
