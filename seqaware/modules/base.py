@@ -164,7 +164,28 @@ class SeqawareModule(pl.LightningModule):
             torch.cuda.set_rng_state_all(states["cuda"])
 
 
-class OrderingEvalMixin:
+class GatheredEvalMixin:
+    """Evaluation records kept per stage (``self._eval_records["val" | "test"]``), emptied when an
+    evaluation epoch starts; when it ends :meth:`_log_eval` scores them (subclasses gather them over
+    ranks first with :func:`gather_unique`)."""
+
+    def _log_eval(self, stage: str) -> Any:
+        raise NotImplementedError
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_records["val"] = []
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_records["test"] = []
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
+
+
+class OrderingEvalMixin(GatheredEvalMixin):
     """Validation/test bookkeeping for models that predict an order per instance.
 
     Subclasses call :meth:`_record_orders` with predicted input positions (and, optionally, the
@@ -199,7 +220,7 @@ class OrderingEvalMixin:
         """Values computed from the split-level loss means (e.g. a weighted total); default none."""
         return {}
 
-    def _log_metrics(self, stage: str) -> dict[str, float]:
+    def _log_eval(self, stage: str) -> dict[str, float]:
         records = gather_unique(self._eval_records[stage], key=lambda r: r["id"])
         self._eval_records[stage] = []
         metric = self.val_metrics if stage == "val" else self.test_metrics
@@ -222,15 +243,3 @@ class OrderingEvalMixin:
                                       "references": r["references"], "metrics": order_metrics(r["pred"], r["gold"])}
                                      for r in records]
         return values
-
-    def on_validation_epoch_start(self) -> None:
-        self._eval_records["val"] = []
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val")
-
-    def on_test_epoch_start(self) -> None:
-        self._eval_records["test"] = []
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")

@@ -77,7 +77,7 @@ from seqaware.encoders.base import SequenceEncoder, fusion_input
 from seqaware.encoders.contract import EncoderOutput
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
-from seqaware.modules.base import SeqawareModule, as_container, gather_unique, global_share, world_size
+from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique, global_share, world_size
 from seqaware.objectives import OBJECTIVES, ObjectiveSchedule, build_objective, check_objectives
 from seqaware.objectives.corruption import corrupt_per_sample, cpu_generator, stable_seed
 
@@ -101,7 +101,7 @@ def freeze_batchnorm_layers(module: nn.Module) -> list[nn.Module]:
     return layers
 
 
-class PretrainingModule(SeqawareModule):
+class PretrainingModule(GatheredEvalMixin, SeqawareModule):
     """Sequence-aware pretraining of a single-stream encoder (see the module docstring).
 
     Args:
@@ -402,18 +402,6 @@ class PretrainingModule(SeqawareModule):
         self._eval_records[stage] = []
         if records:  # every rank holds the same records, hence the same values: nothing to reduce
             self.log_dict(self.eval_metrics(records, stage), sync_dist=False)
-
-    def on_validation_epoch_start(self) -> None:
-        self._eval_records["val"] = []
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_eval("val")
-
-    def on_test_epoch_start(self) -> None:
-        self._eval_records["test"] = []
-
-    def on_test_epoch_end(self) -> None:
-        self._log_eval("test")
 
     def validation_step(self, batch: dict, batch_idx: int) -> Optional[dict]:
         return self._eval_step("val", batch, batch_idx)
