@@ -69,7 +69,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 
@@ -78,7 +77,7 @@ from seqaware.encoders.contract import EncoderOutput
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique, global_share, world_size
-from seqaware.objectives import OBJECTIVES, ObjectiveSchedule, build_objective, check_objectives
+from seqaware.objectives import OBJECTIVES, Objective, ObjectiveSchedule, build_objective, check_objectives
 from seqaware.objectives.corruption import corrupt_per_sample, cpu_generator, stable_seed
 
 log = logging.getLogger(__name__)
@@ -177,6 +176,11 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
                                                 self.encoder.modality)
         self.objectives = nn.ModuleDict({name: self._build_objective(name, dict(obj_cfg.get(name) or {}), tie_lm_head)
                                          for name in self.objective_names})
+        uncounted = [n for n, obj in self.objectives.items() if type(obj).loss_count is Objective.loss_count]
+        if loss_normalization == "global" and uncounted:
+            raise ValueError(f"model.loss_normalization=global needs each objective's loss_count (what its mean loss "
+                             f"averages over); {uncounted} define none: add it to the class or set "
+                             "model.loss_normalization=local")
         self.schedule = ObjectiveSchedule(list(self.objective_names), seed=schedule_seed)
         self.generator_scope = generator_scope
         self.loss_normalization = loss_normalization
