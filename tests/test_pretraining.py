@@ -583,3 +583,25 @@ def test_a_new_objective_is_one_class_and_one_config(compose_train, tmp_path):
     rows = read_metrics(Path(cfg.paths.output_dir))
     logged = {k for row in rows for k, v in row.items() if v}
     assert {"train/toy_steps_loss", "val/toy_steps_acc", "test/toy_steps_acc", "test/mlm_acc"} <= logged
+
+
+def test_global_loss_normalization_needs_each_objective_loss_count():
+    from seqaware.objectives import OBJECTIVES, register_objective
+
+    @register_objective
+    class Uncounted(Objective):
+        name = "uncounted"
+        modalities = frozenset({"text"})
+
+        def __init__(self, hidden_size: int):
+            super().__init__()
+            self.head = torch.nn.Linear(hidden_size, 2)
+
+    try:
+        with config_error(r"loss_count .*\[.uncounted.\] define none"):
+            tiny_module(["mlm", "uncounted"], loss_normalization="global")
+        assert "uncounted" in tiny_module(["mlm", "uncounted"], loss_normalization="local").objectives
+    finally:
+        OBJECTIVES.pop("uncounted", None)
+    with pytest.raises(TypeError, match="Objective subclass"):
+        register_objective(torch.nn.Linear)
