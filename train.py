@@ -21,7 +21,7 @@ import hydra
 import pytorch_lightning as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
-from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 import seqaware.config  # noqa: F401  (registers the config resolvers)
@@ -82,14 +82,6 @@ def build(cfg: DictConfig, plan: runs.RunPlan | None = None) -> tuple[pl.Lightni
     return datamodule, model, trainer
 
 
-def _best_checkpoint(trainer: pl.Trainer) -> str | None:
-    """The best checkpoint of the first ModelCheckpoint that monitors a metric, if one was written."""
-    for cb in trainer.checkpoint_callbacks:
-        if isinstance(cb, ModelCheckpoint) and cb.monitor and cb.best_model_path and Path(cb.best_model_path).is_file():
-            return cb.best_model_path
-    return None
-
-
 def _finish_wandb(trainer: pl.Trainer) -> None:
     """Close this run's W&B runs: otherwise the next run in the same process (a ``-m`` sweep with
     the basic launcher, a test) would silently log into this one."""
@@ -143,7 +135,7 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
         check_fit_saw_batches(trainer, datamodule)  # never test an untrained model as if it were trained
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     if cfg.get("test", True):
-        ckpt = _best_checkpoint(trainer) if cfg.get("train", True) else cfg.get("ckpt_path")
+        ckpt = runs.best_checkpoint(trainer) if cfg.get("train", True) else cfg.get("ckpt_path")
         if ckpt is None:
             log.warning("no best checkpoint was saved (e.g. fast_dev_run or no validation): "
                         "testing the current weights")

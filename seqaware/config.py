@@ -3,10 +3,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODALITIES = ("text", "image", "multimodal")
+
+
+def to_plain(value: Any) -> Any:
+    """An OmegaConf container (interpolations resolved) as plain dicts / lists; anything else as it is.
+    Used wherever configs become hyper-parameters, options or cache keys."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
 
 
 def _check_modality(modality: str) -> str:

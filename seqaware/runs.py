@@ -28,6 +28,16 @@ from seqaware.io import atomic_open
 
 log = logging.getLogger(__name__)
 
+
+def best_checkpoint(trainer: Any) -> str | None:
+    """The best checkpoint of the trainer's first ``ModelCheckpoint`` that monitors a metric, when
+    one was written (what ``train.py`` tests and pretraining exports)."""
+    for cb in trainer.checkpoint_callbacks:
+        if getattr(cb, "monitor", None) and getattr(cb, "best_model_path", "") and Path(cb.best_model_path).is_file():
+            return cb.best_model_path
+    return None
+
+
 RUN_STATE_FILE = "run.json"
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from data_modules.adapters import catbench, coherence, iso, mateo, recipeqa, rfg, roc, wikihow
 from data_modules.adapters.common import AdapterOptionError, AdapterResult
+from seqaware.config import to_plain
 from seqaware.procedure import Procedure, read_procedures
 
 log = logging.getLogger(__name__)
@@ -86,17 +87,6 @@ def run_adapter(name: str, src: str | os.PathLike, out_images: str | os.PathLike
     return adapter(Path(src), None if out_images is None else Path(out_images), **options)
 
 
-def _plain(value: Any) -> Any:
-    """OmegaConf containers -> plain Python (so options hash and pass like YAML values)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra
-        return value
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
 def cache_key(dataset: str, src: str | os.PathLike, options: dict[str, Any], tasks: list[str]) -> str:
     """Short stable hash of what a conversion depends on: adapter, source path (+ its mtime/size), options."""
     src_path = Path(src).resolve()
@@ -119,9 +109,9 @@ def adapter_source(dataset: str, src: str, cache_dir: str, tasks: list[str] | No
     """
     from data_modules.adapters.prepare import prepare_dataset
 
-    options = {k: _plain(v) for k, v in options.items()}
-    tasks = list(_plain(tasks) or [])
-    task_options = _plain(task_options) or {}
+    options = {k: to_plain(v) for k, v in options.items()}
+    tasks = list(to_plain(tasks) or [])
+    task_options = to_plain(task_options) or {}
     if not src or not Path(src).exists():
         raise FileNotFoundError(f"data.source.src: no such file or folder: {src!r} (set data.source.src=PATH)")
     cache_dir = Path(cache_dir)

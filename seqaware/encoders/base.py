@@ -21,18 +21,13 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import nn
 
+from seqaware.config import to_plain
 from seqaware.encoders.contract import EncoderOutput
 
 
 def plain_config(cfg: Optional[Mapping]) -> dict[str, Any]:
     """A config mapping (dict or OmegaConf DictConfig, lists included) as plain Python containers."""
-    if cfg is None:
-        return {}
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return dict(cfg)
+    return {} if cfg is None else dict(to_plain(cfg))
 
 
 def pack_steps(input_ids: torch.Tensor, attention_mask: torch.Tensor, step_mask: Optional[torch.Tensor],

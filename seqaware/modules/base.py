@@ -10,9 +10,9 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from seqaware.config import to_plain
 from seqaware.metrics.torch_metrics import OrderingMetrics
 from seqaware.metrics.ordering import order_metrics
 
@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 
 
 def as_container(cfg: Any) -> Any:
-    """DictConfig -> plain dict (so checkpoints store plain hyper-parameters)."""
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    """A config as plain containers (so checkpoints store plain hyper-parameters): :func:`seqaware.config.to_plain`."""
+    return to_plain(cfg)
 
 
 def _numpy_state_to_safe(state: tuple) -> dict:

@@ -76,6 +76,7 @@ from seqaware.encoders.base import SequenceEncoder, fusion_input
 from seqaware.encoders.contract import EncoderOutput
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
+from seqaware.runs import best_checkpoint
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique, global_share, world_size
 from seqaware.objectives import OBJECTIVES, Objective, ObjectiveSchedule, build_objective, check_objectives
 from seqaware.objectives.corruption import corrupt_per_sample, cpu_generator, stable_seed
@@ -423,12 +424,7 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         if not self.trainer.is_global_zero or self.trainer.sanity_checking:
             return
         state, source = self.encoder_state_dict(), "final weights"
-        best = None
-        if self.hparams.export_weights == "best":
-            for cb in self.trainer.checkpoint_callbacks:
-                if getattr(cb, "monitor", None) and getattr(cb, "best_model_path", "") and Path(cb.best_model_path).is_file():
-                    best = cb.best_model_path
-                    break
+        best = best_checkpoint(self.trainer) if self.hparams.export_weights == "best" else None
         if best is not None:
             blob = torch.load(best, map_location="cpu", weights_only=True)
             state = {k[len("encoder."):]: v for k, v in blob["state_dict"].items() if k.startswith("encoder.")}

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 
 from seqaware.metrics.teo import teo_report
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique
+from seqaware.runs import best_checkpoint
 from seqaware.teo import parse_teo_answer
 from seqaware.teo.vlm import BUILT_IN_MODELS, answer_loss, apply_lora, load_internvl
 
@@ -208,12 +208,6 @@ class TeoLoraModule(SeqawareModule):
                              f"unexpected e.g. {extra}): was it trained with the same model.lora settings?")
 
     # ------------------------------------------------------------------- adapter
-    def _best_checkpoint(self) -> str | None:
-        for cb in self.trainer.checkpoint_callbacks:
-            if isinstance(cb, ModelCheckpoint) and cb.monitor and cb.best_model_path and Path(cb.best_model_path).is_file():
-                return cb.best_model_path
-        return None
-
     def adapter_path(self) -> Path:
         """Where :meth:`save_adapter` writes (``adapter_dir`` or ``<trainer.default_root_dir>/adapter``)."""
         if self.hparams.adapter_dir:
@@ -243,7 +237,7 @@ class TeoLoraModule(SeqawareModule):
     def on_fit_end(self) -> None:
         if self.trainer.fast_dev_run:
             return
-        best = self._best_checkpoint()
+        best = best_checkpoint(self.trainer)
         state = None
         if best is not None:
             state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
