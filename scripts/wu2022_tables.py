@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""Our Wu et al. (ACL 2022) Tables 2 and 3 on the hard synthetic world, through ``train.py``.
+
+    python scripts/wu2022_tables.py --seeds 1 2 3                       # every row, 3 seeds
+    python scripts/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
+    python scripts/wu2022_tables.py --seeds 1 2 3 --out logs/wu2022 -- trainer.max_steps=300   # overrides for every run
+
+Table 2 (sec. 5, "Golden-test-set performance"): BERSON fine-tuned end to end on four encoders --
+text-only (MiniLM standing in for RoBERTa), image-only (EfficientNet-Lite0 grid tokens standing in for
+CLIP), VisualBERT (detector-style region tokens) and CLIP-ViL (grid tokens) -- each without (N) and
+with (Y) sequence-aware pretraining on the same world's training split.  Table 3 (objective
+ablation): CLIP-ViL pretrained with MLM, MLM+ISP, MLM+SMRM, MLM+ISP+PISP, MLM+ISP+SMRM, and the
+image-only encoder with ISP and ISP+PISP, each then fine-tuned the same way.
+
+Every run is a ``train.py`` process with ``hydra.run.dir=OUT/<row>/seed<S>/{pretrain,finetune}``,
+``seed=S``, ``data=synthetic_hard`` (``--data``) and the overrides given after ``--``.  A run whose
+folder already holds its result (``encoder.pt`` and a finished ``run.json`` for pretraining,
+``test_metrics.json`` for fine-tuning) is reused, and an interrupted one resumes in place (the same
+folder), so the script can be stopped and started again.  Metrics are the Table 2 columns over the
+test split, against every order the DAG allows (``test/acc``, ``test/pmr``, ``test/lcs`` = Lq,
+``test/lcstr`` = Lr, ``test/tau``, ``test/dist``); Acc and PMR in percent as in the paper.  The
+script prints the two tables in the paper's layout (mean +- std over the seeds) and one final line
+``WU2022_TABLES_JSON {"<encoder>/<N|Y|objective set>/<metric>": {"mean", "std", "n"}, ...}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from seqaware import runs  # noqa: E402
+from seqaware.io import read_test_metrics  # noqa: E402
+
+MARKER = "WU2022_TABLES_JSON"
+METRICS = (("acc", "Acc", 100.0), ("pmr", "PMR", 100.0), ("lcs", "Lq", 1.0), ("lcstr", "Lr", 1.0),
+           ("tau", "τ", 1.0), ("dist", "Dist", 1.0))
+"""(train.py key without ``test/``, Table 2 column, scale)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of Table 2 or 3: how its encoder is pretrained (None: N) and fine-tuned."""
+
+    key: str                      # "<encoder>/<N|Y|objective set>"
+    table: int
+    group: str                    # Image-Only | Text-Only | Multimodal
+    label: str                    # the first column(s) as the paper prints them
+    finetune: tuple[str, ...]     # berson_finetune overrides selecting the encoder
+    pretrain: Optional[tuple[str, ...]] = None   # train.py overrides of the pretraining run
+
+
+IMAGE = ("modality=image",)
+TEXT = ("modality=text",)
+VISUALBERT = ("encoder@model.encoder=visualbert", "data.collator.max_boxes=8")
+CLIPVIL = ()
+ROWS: tuple[Row, ...] = (
+    Row("image/N", 2, "Image-Only", "CLIP (Lite0 grid) N", IMAGE),
+    Row("image/Y", 2, "Image-Only", "CLIP (Lite0 grid) Y", IMAGE, ("experiment=clip_image_pretrain",)),
+    Row("text/N", 2, "Text-Only", "RoBERTa (MiniLM) N", TEXT),
+    Row("text/Y", 2, "Text-Only", "RoBERTa (MiniLM) Y", TEXT, ("experiment=roberta_pretrain",)),
+    Row("visualbert/N", 2, "Multimodal", "VisualBERT N", VISUALBERT),
+    Row("visualbert/Y", 2, "Multimodal", "VisualBERT Y", VISUALBERT, ("experiment=visualbert_pretrain",)),
+    Row("clipvil/N", 2, "Multimodal", "CLIP-ViL N", CLIPVIL),
+    Row("clipvil/Y", 2, "Multimodal", "CLIP-ViL Y", CLIPVIL, ("experiment=clipvil_pretrain",)),
+    Row("image/isp", 3, "Image-Only", "ISP", IMAGE, ("experiment=clip_image_pretrain", "objectives=isp")),
+    Row("image/isp_pisp", 3, "Image-Only", "ISP + PISP", IMAGE, ("experiment=clip_image_pretrain", "objectives=isp_pisp")),
+    Row("clipvil/mlm", 3, "Multimodal", "MLM", CLIPVIL, ("experiment=clipvil_pretrain", "objectives=mlm")),
+    Row("clipvil/mlm_isp", 3, "Multimodal", "MLM + ISP", CLIPVIL, ("experiment=clipvil_pretrain", "objectives=mlm_isp")),
+    Row("clipvil/mlm_smrm", 3, "Multimodal", "MLM + SMRM", CLIPVIL, ("experiment=clipvil_pretrain", "objectives=mlm_smrm")),
+    Row("clipvil/mlm_isp_pisp", 3, "Multimodal", "MLM + ISP + PISP", CLIPVIL,
+        ("experiment=clipvil_pretrain", "objectives=mlm_isp_pisp")),
+    Row("clipvil/mlm_isp_smrm", 3, "Multimodal", "MLM + ISP + SMRM", CLIPVIL,
+        ("experiment=clipvil_pretrain", "objectives=mlm_isp_smrm")),
+)
+ROW_KEYS = tuple(r.key for r in ROWS)
+
+
+def _train(overrides: list[str], run_dir: Path, log_name: str) -> None:
+    """One ``train.py`` process; its output goes to ``run_dir/<log_name>``; a failure stops the script."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    log_path = run_dir.parent / log_name
+    start = time.time()
+    with log_path.open("w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"train.py failed (exit {proc.returncode}) after {time.time() - start:.0f} s: "
+                         f"{' '.join(cmd)}\n  see {log_path}")
+    print(f"  {run_dir.relative_to(run_dir.parents[2])}: {time.time() - start:.0f} s", flush=True)
+
+
+def _pretrained(run_dir: Path) -> bool:
+    return (run_dir / "encoder.pt").is_file() and runs.read_state(run_dir).get("status") == "finished"
+
+
+def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str]) -> dict[str, float]:
+    """The fine-tuned test metrics of ``row`` for ``seed`` (running what is missing)."""
+    base = out / row.key.replace("/", "-") / f"seed{seed}"
+    common = [f"seed={seed}", f"data={data}", *overrides]
+    finetune = ["experiment=berson_finetune", *row.finetune, *common]
+    if row.pretrain is not None:
+        pre_dir = base / "pretrain"
+        if not _pretrained(pre_dir):
+            _train([*row.pretrain, *common], pre_dir, "pretrain.log")
+        finetune.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
+    ft_dir = base / "finetune"
+    metrics = read_test_metrics(ft_dir)
+    if metrics is None:
+        _train(finetune, ft_dir, "finetune.log")
+        metrics = read_test_metrics(ft_dir)
+        if metrics is None:
+            raise SystemExit(f"{ft_dir}: the fine-tuning run wrote no test_metrics.json (was it run with test=false?)")
+    return metrics
+
+
+def summarise(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """``{"<row key>/<metric>": {"mean", "std", "n"}}`` over seeds (sample std; 0 for one seed)."""
+    out = {}
+    for key, per_seed in results.items():
+        for metric, _, scale in METRICS:
+            values = [scale * float(m[f"test/{metric}"]) for m in per_seed]
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+            out[f"{key}/{metric}"] = {"mean": mean, "std": std, "n": len(values)}
+    return out
+
+
+def table(summary: dict[str, dict[str, float]], number: int) -> str:
+    """Table 2 or 3 in the paper's layout: modality groups, then one row per encoder / objective set."""
+    head = "| Modality | " + ("Encoder, pretraining" if number == 2 else "Pretraining objectives") + " | " \
+        + " | ".join(f"{name}{'↓' if metric == 'dist' else '↑'}" for metric, name, _ in METRICS) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(METRICS)]
+    group = None
+    for row in ROWS:
+        if row.table != number or f"{row.key}/pmr" not in summary:
+            continue
+        cells = []
+        for metric, _, _ in METRICS:
+            s = summary[f"{row.key}/{metric}"]
+            cells.append(f"{s['mean']:.2f} ± {s['std']:.2f}" if s["n"] > 1 else f"{s['mean']:.2f}")
+        lines.append(f"| {row.group if row.group != group else ''} | {row.label} | " + " | ".join(cells) + " |")
+        group = row.group
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, overrides = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--rows", nargs="+", default=list(ROW_KEYS), metavar="ROW",
+                        help=f"rows to run (default: all): {' '.join(ROW_KEYS)}")
+    parser.add_argument("--data", default="synthetic_hard", help="data config (configs/data/), default synthetic_hard")
+    parser.add_argument("--out", type=Path, default=ROOT / "logs" / "wu2022_tables")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.rows) - set(ROW_KEYS))
+    if unknown:
+        parser.error(f"unknown rows {unknown}; choose from {list(ROW_KEYS)}")
+    rows = [r for r in ROWS if r.key in args.rows]
+    results: dict[str, list[dict[str, float]]] = {}
+    for row in rows:
+        print(f"{row.key} (Table {row.table}: {row.label})", flush=True)
+        results[row.key] = [run_row(row, seed, args.out, args.data, overrides) for seed in args.seeds]
+    summary = summarise(results)
+    seeds = " ".join(map(str, args.seeds))
+    for number in (2, 3):
+        text = table(summary, number)
+        if text.count("\n") > 1:
+            print(f"\nTable {number} (ours; {args.data}, test split, mean ± std over seeds {seeds}):\n{text}")
+    (args.out).mkdir(parents=True, exist_ok=True)
+    (args.out / "tables.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    print(f"{MARKER} {json.dumps(summary, sort_keys=True)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

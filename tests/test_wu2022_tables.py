@@ -1,0 +1,82 @@
+"""scripts/wu2022_tables.py: the paper-layout summary (hand-computed) and a tiny end-to-end run that
+resumes by reusing finished runs."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("wu2022_tables", ROOT / "scripts" / "wu2022_tables.py")
+tables = importlib.util.module_from_spec(spec)
+sys.modules["wu2022_tables"] = tables  # its dataclasses look their module up there
+spec.loader.exec_module(tables)
+
+
+def _metrics(acc, pmr, lcs=3.0, lcstr=2.0, tau=0.5, dist=1.0):
+    return {"test/acc": acc, "test/pmr": pmr, "test/lcs": lcs, "test/lcstr": lcstr, "test/tau": tau, "test/dist": dist}
+
+
+def test_summary_is_mean_and_sample_std_in_the_papers_units():
+    summary = tables.summarise({"clipvil/N": [_metrics(0.5, 0.2), _metrics(0.7, 0.4)],
+                                "clipvil/Y": [_metrics(0.9, 0.6, tau=0.8)]})
+    assert summary["clipvil/N/pmr"] == {"mean": pytest.approx(30.0), "std": pytest.approx(14.142136), "n": 2}
+    assert summary["clipvil/N/acc"]["mean"] == pytest.approx(60.0)  # percent, as in Table 2
+    assert summary["clipvil/N/lcs"] == {"mean": 3.0, "std": 0.0, "n": 2}  # Lq unscaled
+    assert summary["clipvil/Y/tau"] == {"mean": 0.8, "std": 0.0, "n": 1}
+    text = tables.table(summary, 2)
+    lines = text.splitlines()
+    assert lines[0].startswith("| Modality | Encoder, pretraining | Acc↑ | PMR↑ | Lq↑ | Lr↑ | τ↑ | Dist↓")
+    assert lines[2] == "| Multimodal | CLIP-ViL N | 60.00 ± 14.14 | 30.00 ± 14.14 | 3.00 ± 0.00 | 2.00 ± 0.00 | 0.50 ± 0.00 | 1.00 ± 0.00 |"
+    assert lines[3].startswith("|  | CLIP-ViL Y | 90.00 | 60.00 |")  # one seed: no std; the group is printed once
+    assert tables.table(summary, 3).count("\n") == 1  # no Table 3 row was run
+
+
+def test_every_row_names_a_known_objective_set_and_rows_are_validated(capsys):
+    from seqaware.objectives import OBJECTIVE_SETS
+
+    for row in tables.ROWS:
+        for override in row.pretrain or ():
+            if override.startswith("objectives="):
+                assert override.split("=", 1)[1] in OBJECTIVE_SETS, row.key
+    assert {r.key for r in tables.ROWS if r.table == 3} == {
+        "image/isp", "image/isp_pisp", "clipvil/mlm", "clipvil/mlm_isp", "clipvil/mlm_smrm", "clipvil/mlm_isp_pisp",
+        "clipvil/mlm_isp_smrm"}
+    with pytest.raises(SystemExit):
+        tables.main(["--rows", "clipvil/X"])
+    assert "unknown rows ['clipvil/X']" in capsys.readouterr().err
+
+
+TINY = ["data.source.num_train=16", "data.source.num_val=4", "data.source.num_test=5", "data.source.image_size=64",
+        "data.collator.image_size=64", "data.batch_size=4", "data.eval_batch_size=8", "data.num_workers=0",
+        "model.encoder.config={model_type: bert, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
+        "intermediate_size: 64, vocab_size: 30522, max_position_embeddings: 256}",
+        "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1", "logger=csv",
+        "callbacks.progress_bar.refresh_rate=0"]
+
+
+@pytest.mark.slow  # five tiny train.py runs: about a minute on 2 cores
+def test_tiny_tables_run_then_resume_without_training(tmp_path, cache_dir):
+    out = tmp_path / "tables"
+    cmd = [sys.executable, str(ROOT / "scripts" / "wu2022_tables.py"), "--seeds", "1", "--out", str(out),
+           "--rows", "clipvil/N", "clipvil/Y", "image/isp", "--", f"paths.cache_dir={cache_dir}", *TINY]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert (out / "clipvil-Y" / "seed1" / "pretrain" / "encoder.pt").is_file()
+    assert "Table 2 (ours; synthetic_hard" in first.stdout and "| Multimodal | CLIP-ViL N |" in first.stdout
+    assert "| Image-Only | ISP |" in first.stdout
+    line = [x for x in first.stdout.splitlines() if x.startswith(tables.MARKER)][-1]
+    summary = json.loads(line[len(tables.MARKER):])
+    assert set(summary) == {f"{row}/{m}" for row in ("clipvil/N", "clipvil/Y", "image/isp") for m, _, _ in tables.METRICS}
+    assert 0.0 <= summary["clipvil/Y/pmr"]["mean"] <= 100.0 and summary["clipvil/Y/pmr"]["n"] == 1
+    # the same command again: every run is reused, nothing trains, the same figures come out
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert " s\n" not in again.stdout  # no "<run>: N s" line: no train.py process ran
+    assert [x for x in again.stdout.splitlines() if x.startswith(tables.MARKER)][-1] == line
