@@ -195,7 +195,7 @@ def test_visual_tokens_start_at_the_scale_of_the_word_embeddings():
             create_encoder("clipvil", visual_scale=bad, **TINY_ENCODERS["clipvil"])
 
 
-def test_step_embedding_init_std():
+def test_step_embedding_init_std(compose_train):
     """step_init_std sets the step embedding's initial spread (default: the text model's
     initializer_range); every encoder config with visual tokens exposes the key."""
     torch.manual_seed(0)
@@ -208,7 +208,8 @@ def test_step_embedding_init_std():
         with pytest.raises(ValueError, match="step_init_std"):
             create_encoder("clipvil", step_init_std=bad, **TINY_ENCODERS["clipvil"])
     for name in ("clipvil", "image", "visualbert", "visualbert_detector"):
-        cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "encoder" / f"{name}.yaml")
+        cfg = compose_train("experiment=berson_finetune", f"encoder@model.encoder={name}").model.encoder
+        assert cfg.name == ("image" if name == "image" else name.split("_")[0]), name
         assert "step_init_std" in cfg and cfg.step_init_std is None, name
 
 
