@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from seqaware.encoders import ENCODERS, create_encoder, fusion_input, list_encoders, load_encoder_checkpoint
 from seqaware.encoders.regions import BoxRegionFeatures, RegionFeatureCache, box_geometry
