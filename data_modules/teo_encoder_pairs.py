@@ -21,7 +21,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from data_modules.adapters.catbench import check_question
+from data_modules.adapters.catbench import check_question, check_unique, question_id
 from data_modules.adapters.common import ProblemLog, iter_json_records
 from data_modules.collate import first_sentences
 from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs
@@ -48,10 +48,15 @@ def read_catbench(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"data.eval_path: no such file: {path}")
     log = ProblemLog()
+    seen: dict[str, tuple[Path, int]] = {}
     for line_no, q in iter_json_records(path, log):
         if not check_question(q, log, path, line_no, required=CATBENCH_FIELDS):
             continue
-        qid = f"{q.get('plan_idx', '?')}-{q.get('question_idx', line_no)}"
+        if "question_idx" not in q:  # files without CaT-Bench's numbering: the line stands in for it
+            q = dict(q, question_idx=f"L{line_no}")
+        if not check_unique(q, seen, log, path, line_no):
+            continue
+        qid = question_id(q)
         direction, label = q["direction"].strip().lower(), q["label"].strip().lower()
         first, second = q["first_step_idx"], q["second_step_idx"]
         a, b = (first, second) if direction == "before" else (second, first)

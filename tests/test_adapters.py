@@ -446,7 +446,21 @@ def test_catbench_plans_and_pairs_keep_gold_labels(tmp_path):
     pairs = result.tasks["catbench"]
     assert [(p["a"], p["b"], p["label"], p["direction"]) for p in pairs] == [(0, 2, "yes", "before"), (1, 2, "no", "after"), (0, 1, "no", "before")]
     assert pairs[0]["step_a"]["text"] == "S1." and pairs[0]["step_b"]["text"] == "S3."
-    assert pairs[2]["pair_id"] == "catbench-1:q0" and result.records_read["questions"] == 3
+    assert pairs[2]["pair_id"] == "catbench-1-0-dependent_real_before" and result.records_read["questions"] == 3
+
+
+def test_catbench_questions_sharing_a_number_are_distinct_and_true_repeats_are_errors(tmp_path):
+    """CaT-Bench gives one question_idx to the four questions about a step pair; the type tells them apart."""
+    four = [catbench_q(0, 0, 0, 2, "yes"), catbench_q(0, 0, 0, 2, "yes", qtype="dependent_real_after"),
+            catbench_q(0, 0, 0, 1, "no", qtype="nondependent_real_before"),
+            catbench_q(0, 0, 0, 1, "no", qtype="nondependent_real_after")]
+    pairs = run_adapter("catbench", jsonl(tmp_path / "q.jsonl", four)).tasks["catbench"]
+    assert len({p["pair_id"] for p in pairs}) == 4
+    path = jsonl(tmp_path / "dup.jsonl", [four[0], four[1], four[0]])
+    with pytest.raises(ValueError) as excinfo:
+        run_adapter("catbench", path)
+    assert (f"{path}:3: plan 0 question 0: question_idx: question 0-0-dependent_real_before (plan, number, type) "
+            f"repeats {path}:1") in errors_of(excinfo)
 
 
 def test_catbench_bad_questions(tmp_path):

@@ -301,7 +301,25 @@ def test_catbench_reader_keeps_good_questions(tmp_path):
     items = read_catbench(path)
     # direction after: presented as (second, first)
     assert [(i["pair_id"], i["text_a"], i["text_b"], i["direction"], i["answer"]) for i in items] == [
-        ("0-0", "Cut.", "Cook.", "before", "yes"), ("0-1", "Cut.", "Serve.", "after", "no")]
+        ("0-0-dependent_real_before", "Cut.", "Cook.", "before", "yes"),
+        ("0-1-dependent_real_before", "Cut.", "Serve.", "after", "no")]
+
+
+def test_catbench_reader_keeps_the_four_questions_of_one_number(tmp_path):
+    """The twin before/after questions (and the non-dependent pair) share CaT-Bench's question_idx: all
+    four are kept, so the metrics count every question; a true repeat is an error naming both lines."""
+    four = [question(), question(question_type="dependent_real_after", direction="after"),
+            question(question_type="nondependent_real_before", first_step_idx=1, second_step_idx=2, label="no"),
+            question(question_type="nondependent_real_after", direction="after", first_step_idx=1, second_step_idx=2,
+                     label="no")]
+    items = read_catbench(write_jsonl(tmp_path / "q.jsonl", four))
+    assert len({i["pair_id"] for i in items}) == 4
+    path = write_jsonl(tmp_path / "dup.jsonl", [question(), question()])
+    with pytest.raises(ProcedureFormatError) as err:
+        read_catbench(path)
+    assert problems_of(err) == [f"{path}:2: plan 0 question 0: question_idx: question 0-0-dependent_real_before "
+                                f"(plan, number, type) repeats {path}:1"]
+
 
 
 def test_check_procedures_file_reports_every_problem_once(data):

@@ -19,7 +19,8 @@ def _question(**over):
 
 def test_catbench_questions_are_presented_by_direction(tmp_path):
     path = tmp_path / "q.jsonl"
-    path.write_text("\n".join(json.dumps(q) for q in [_question(), _question(direction="after", label="No")]) + "\n")
+    twin = _question(question_type="dependent_real_after", direction="after", label="No")
+    path.write_text("\n".join(json.dumps(q) for q in [_question(), twin]) + "\n")
     before, after = read_catbench(path)
     assert (before["text_a"], before["text_b"], before["answer"]) == ("mix flour", "bake it", "yes")
     # "Must step 3 happen after step 1?" is asked about the pair presented the other way round
@@ -45,6 +46,9 @@ def test_shared_catbench_sample_keeps_every_gold_label(shared_data):
     items = read_catbench(shared_data / "catbench" / "test_questions_sample.jsonl")
     raw = [json.loads(line) for line in (shared_data / "catbench" / "test_questions_sample.jsonl").read_text().splitlines()]
     assert len(items) == len(raw) == 1404
+    # CaT-Bench reuses a question number for the four questions of a step pair: the ids must not
+    # (evaluation keeps one record per id; with the number alone 1,404 questions scored as 478)
+    assert len({i["pair_id"] for i in items}) == 1404
     assert [i["answer"] for i in items] == [q["label"] for q in raw]
 
 

@@ -40,6 +40,31 @@ def _is_index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def question_id(record: dict) -> str:
+    """A question's id, ``<plan_idx>-<question_idx>-<question_type>``.
+
+    CaT-Bench numbers questions per plan and gives one number to the (up to) four questions about a
+    step pair (dependent / non-dependent x before / after: e.g. the 1,404 sample questions carry 478
+    distinct ``(plan_idx, question_idx)``), so the number alone is not an id.  Without a
+    ``question_type`` the direction and the two step indices stand in for it.
+    """
+    kind = record.get("question_type") or \
+        f"{str(record['direction']).strip().lower()}-{record['first_step_idx']}-{record['second_step_idx']}"
+    return f"{record.get('plan_idx', '?')}-{record.get('question_idx', '?')}-{kind}"
+
+
+def check_unique(record: dict, seen: dict[str, tuple[Path, int]], log: ProblemLog, path: Path, line: int) -> bool:
+    """Log a question whose :func:`question_id` was seen before (``seen``: id -> first file and line)."""
+    qid = question_id(record)
+    if qid in seen:
+        first_path, first_line = seen[qid]
+        log.add(path, line, f"plan {record.get('plan_idx', '?')} question {record.get('question_idx', '?')}",
+                "question_idx", f"question {qid} (plan, number, type) repeats {first_path}:{first_line}")
+        return False
+    seen[qid] = (path, line)
+    return True
+
+
 def check_question(record: Any, log: ProblemLog, path: Path, line: int, required: tuple[str, ...] = REQUIRED) -> bool:
     """Log every problem of one question record (``file:line: plan P question Q: field: reason``);
     True when it is usable. Shared by this adapter and :func:`data_modules.teo_encoder_pairs.read_catbench`."""
@@ -80,10 +105,11 @@ def convert(src: Path, out_images: Path | None = None, split: str = "test") -> A
     result = AdapterResult()
     plans: dict[int, tuple[Procedure, Path, int]] = {}
     pairs: list[dict[str, Any]] = []
+    seen: dict[str, tuple[Path, int]] = {}
     for path in iter_files(src, (".jsonl", ".json")):
         for line, record in iter_json_records(path, log):
             result.records_read["questions"] += 1
-            if not check_question(record, log, path, line):
+            if not check_question(record, log, path, line) or not check_unique(record, seen, log, path, line):
                 continue
             plan_idx, steps = record["plan_idx"], record["steps"]
             pid = f"catbench-{plan_idx}"
@@ -103,7 +129,7 @@ def convert(src: Path, out_images: Path | None = None, split: str = "test") -> A
                 continue
             a, b = record["first_step_idx"], record["second_step_idx"]
             pairs.append({
-                "pair_id": f"{pid}:q{record['question_idx']}",
+                "pair_id": f"catbench-{question_id(record)}",
                 "procedure_id": pid,
                 "split": split,
                 "num_steps": len(steps),
