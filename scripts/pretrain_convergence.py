@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from seqaware.io import parse_test_metrics  # noqa: E402
+from seqaware.launch import split_overrides  # noqa: E402
 
 DEFAULT_RUNS = ("clipvil_pretrain:mlm_isp_smrm", "clip_image_pretrain:isp_pisp")
 OBJECTIVE_ORDER = ("mlm", "isp", "pisp", "smrm")
@@ -140,11 +141,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    overrides: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, overrides = argv[:cut], argv[cut + 1:]
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", action="append", default=None, metavar="EXPERIMENT:OBJECTIVES",

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from seqaware import runs  # noqa: E402
 from seqaware.io import read_test_metrics  # noqa: E402
+from seqaware.launch import split_overrides  # noqa: E402
 
 MARKER = "WU2022_TABLES_JSON"
 METRICS = (("acc", "Acc", 100.0), ("pmr", "PMR", 100.0), ("lcs", "Lq", 1.0), ("lcstr", "Lr", 1.0),
@@ -153,11 +154,7 @@ def table(summary: dict[str, dict[str, float]], number: int) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    overrides: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, overrides = argv[:cut], argv[cut + 1:]
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])

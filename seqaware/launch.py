@@ -10,6 +10,8 @@
   process runs under SLURM (None otherwise). Lightning's own requeue handler would save a second,
   ``hpc_ckpt_*.ckpt`` checkpoint and requeue on its own; the project's signal handling checkpoints
   and submitit requeues.
+* :func:`split_overrides`: the command line of a script that launches ``train.py`` runs: its own
+  arguments, then ``--`` and Hydra overrides for every run.
 """
 from __future__ import annotations
 
@@ -55,3 +57,11 @@ def slurm_environment(auto_requeue: bool = False) -> Any:
     if not SLURMEnvironment.detect():
         return None
     return SLURMEnvironment(auto_requeue=auto_requeue)
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[script args..., "--", overrides...]`` -> (script args, overrides); no ``--``: no overrides."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = argv.index("--")
+    return list(argv[:cut]), list(argv[cut + 1:])

@@ -338,3 +338,12 @@ def test_slurm_launcher_hands_a_checkpointed_stop_to_submitit(monkeypatch, exit_
         signal.signal(signal.SIGUSR1, previous)
     assert stop.value.code == exit_code
     assert heard == ([signal.SIGUSR1] if requeued else [])
+
+
+def test_split_overrides_separates_script_arguments_from_hydra_overrides():
+    from seqaware.launch import split_overrides
+
+    assert split_overrides(["--seeds", "1", "2", "--", "trainer.max_steps=3", "seed=1"]) == (
+        ["--seeds", "1", "2"], ["trainer.max_steps=3", "seed=1"])
+    assert split_overrides(["--steps", "10"]) == (["--steps", "10"], [])
+    assert split_overrides(["--"]) == ([], [])
