@@ -446,7 +446,7 @@ def test_catbench_plans_and_pairs_keep_gold_labels(tmp_path):
     pairs = result.tasks["catbench"]
     assert [(p["a"], p["b"], p["label"], p["direction"]) for p in pairs] == [(0, 2, "yes", "before"), (1, 2, "no", "after"), (0, 1, "no", "before")]
     assert pairs[0]["step_a"]["text"] == "S1." and pairs[0]["step_b"]["text"] == "S3."
-    assert pairs[2]["pair_id"] == "catbench-1-0-dependent_real_before" and result.records_read["questions"] == 3
+    assert pairs[2]["pair_id"] == "catbench-1-dependent_real_before-0" and result.records_read["questions"] == 3
 
 
 def test_catbench_questions_sharing_a_number_are_distinct_and_true_repeats_are_errors(tmp_path):
@@ -459,7 +459,7 @@ def test_catbench_questions_sharing_a_number_are_distinct_and_true_repeats_are_e
     path = jsonl(tmp_path / "dup.jsonl", [four[0], four[1], four[0]])
     with pytest.raises(ValueError) as excinfo:
         run_adapter("catbench", path)
-    assert (f"{path}:3: plan 0 question 0: question_idx: question 0-0-dependent_real_before (plan, number, type) "
+    assert (f"{path}:3: plan 0 question 0: question_idx: question 0-dependent_real_before-0 (plan, type, number) "
             f"repeats {path}:1") in errors_of(excinfo)
 
 

@@ -301,8 +301,8 @@ def test_catbench_reader_keeps_good_questions(tmp_path):
     items = read_catbench(path)
     # direction after: presented as (second, first)
     assert [(i["pair_id"], i["text_a"], i["text_b"], i["direction"], i["answer"]) for i in items] == [
-        ("0-0-dependent_real_before", "Cut.", "Cook.", "before", "yes"),
-        ("0-1-dependent_real_before", "Cut.", "Serve.", "after", "no")]
+        ("0-dependent_real_before-0", "Cut.", "Cook.", "before", "yes"),
+        ("0-dependent_real_before-1", "Cut.", "Serve.", "after", "no")]
 
 
 def test_catbench_reader_keeps_the_four_questions_of_one_number(tmp_path):
@@ -317,8 +317,8 @@ def test_catbench_reader_keeps_the_four_questions_of_one_number(tmp_path):
     path = write_jsonl(tmp_path / "dup.jsonl", [question(), question()])
     with pytest.raises(ProcedureFormatError) as err:
         read_catbench(path)
-    assert problems_of(err) == [f"{path}:2: plan 0 question 0: question_idx: question 0-0-dependent_real_before "
-                                f"(plan, number, type) repeats {path}:1"]
+    assert problems_of(err) == [f"{path}:2: plan 0 question 0: question_idx: question 0-dependent_real_before-0 "
+                                f"(plan, type, number) repeats {path}:1"]
 
 
 

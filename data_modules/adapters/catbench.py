@@ -41,7 +41,7 @@ def _is_index(value: Any) -> bool:
 
 
 def question_id(record: dict) -> str:
-    """A question's id, ``<plan_idx>-<question_idx>-<question_type>``.
+    """A question's id, ``<plan_idx>-<question_type>-<question_idx>``.
 
     CaT-Bench numbers questions per plan and gives one number to the (up to) four questions about a
     step pair (dependent / non-dependent x before / after: e.g. the 1,404 sample questions carry 478
@@ -50,7 +50,7 @@ def question_id(record: dict) -> str:
     """
     kind = record.get("question_type") or \
         f"{str(record['direction']).strip().lower()}-{record['first_step_idx']}-{record['second_step_idx']}"
-    return f"{record.get('plan_idx', '?')}-{record.get('question_idx', '?')}-{kind}"
+    return f"{record.get('plan_idx', '?')}-{kind}-{record.get('question_idx', '?')}"
 
 
 def check_unique(record: dict, seen: dict[str, tuple[Path, int]], log: ProblemLog, path: Path, line: int) -> bool:
@@ -59,7 +59,7 @@ def check_unique(record: dict, seen: dict[str, tuple[Path, int]], log: ProblemLo
     if qid in seen:
         first_path, first_line = seen[qid]
         log.add(path, line, f"plan {record.get('plan_idx', '?')} question {record.get('question_idx', '?')}",
-                "question_idx", f"question {qid} (plan, number, type) repeats {first_path}:{first_line}")
+                "question_idx", f"question {qid} (plan, type, number) repeats {first_path}:{first_line}")
         return False
     seen[qid] = (path, line)
     return True
