@@ -446,7 +446,7 @@ def test_catbench_plans_and_pairs_keep_gold_labels(tmp_path):
     pairs = result.tasks["catbench"]
     assert [(p["a"], p["b"], p["label"], p["direction"]) for p in pairs] == [(0, 2, "yes", "before"), (1, 2, "no", "after"), (0, 1, "no", "before")]
     assert pairs[0]["step_a"]["text"] == "S1." and pairs[0]["step_b"]["text"] == "S3."
-    assert pairs[2]["pair_id"] == "catbench-1:q0" and result.records_read["questions"] == 3
+    assert pairs[2]["pair_id"] == "catbench-1:dependent_real_before:q0" and result.records_read["questions"] == 3
 
 
 def test_catbench_bad_questions(tmp_path):

@@ -301,7 +301,8 @@ def test_catbench_reader_keeps_good_questions(tmp_path):
     items = read_catbench(path)
     # direction after: presented as (second, first)
     assert [(i["pair_id"], i["text_a"], i["text_b"], i["direction"], i["answer"]) for i in items] == [
-        ("0-0", "Cut.", "Cook.", "before", "yes"), ("0-1", "Cut.", "Serve.", "after", "no")]
+        ("0-dependent_real_before-0", "Cut.", "Cook.", "before", "yes"),
+        ("0-dependent_real_before-1", "Cut.", "Serve.", "after", "no")]
 
 
 def test_check_procedures_file_reports_every_problem_once(data):

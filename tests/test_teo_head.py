@@ -45,6 +45,9 @@ def test_shared_catbench_sample_keeps_every_gold_label(shared_data):
     items = read_catbench(shared_data / "catbench" / "test_questions_sample.jsonl")
     raw = [json.loads(line) for line in (shared_data / "catbench" / "test_questions_sample.jsonl").read_text().splitlines()]
     assert len(items) == len(raw) == 1404
+    # question_idx restarts in every question_type: ids must still be unique, or evaluation would
+    # count one question per (plan, question_idx) only (gather_unique keys on the id)
+    assert len({i["pair_id"] for i in items}) == 1404
     assert [i["answer"] for i in items] == [q["label"] for q in raw]
 
 

@@ -103,7 +103,8 @@ def convert(src: Path, out_images: Path | None = None, split: str = "test") -> A
                 continue
             a, b = record["first_step_idx"], record["second_step_idx"]
             pairs.append({
-                "pair_id": f"{pid}:q{record['question_idx']}",
+                # question_idx counts within a question_type of the plan: the type makes the id unique
+                "pair_id": f"{pid}:{record['question_type']}:q{record['question_idx']}",
                 "procedure_id": pid,
                 "split": split,
                 "num_steps": len(steps),
