@@ -197,13 +197,18 @@ class TeoPlanHeadModule(SeqawareModule):
     def forward(self, batch: dict) -> torch.Tensor:
         """(B, S, S, 3) before / after / independent logits of every presentation (a, b)."""
         steps, mask = self.step_embeddings(batch)
+        return self.pair_logits(steps, mask, batch["num_steps"])
+
+    def pair_logits(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
+        """Step embeddings (B, S, H) + step mask (B, S) -> (B, S, S, 3) pair logits (steps 2 and 3 of
+        the module docstring)."""
         S = steps.shape[1]
         h = self.step_proj(steps) + sinusoidal_positions(torch.arange(S, device=steps.device), self.hparams.step_dim)
         if self.step_encoder is not None:
             h = self.step_encoder(h, src_key_padding_mask=~mask)
         ha = h[:, :, None, :].expand(-1, -1, S, -1)
         hb = h[:, None, :, :].expand(-1, S, -1, -1)
-        feats = torch.cat([ha, hb, ha * hb, ha - hb, pair_position_features(batch["num_steps"].to(h.device), S)], -1)
+        feats = torch.cat([ha, hb, ha * hb, ha - hb, pair_position_features(num_steps.to(h.device), S)], -1)
         logits = self.pair_mlp(feats)
         return mirror_logits(logits) if self.hparams.mirror else logits
 
