@@ -23,6 +23,14 @@ Answers file format (JSON lines, one answer per question; the ``predictions_test
   "Yes. Step 3 ...") is read as that answer; anything else is unparsable.
 
 ``--gpt4 PATH`` is ``--answers "GPT-4=PATH"`` for a file of published GPT-4 answers in that format.
+
+``--rfg DIR`` (the English Recipe Flow Graph folder, e.g. ``../shared/data/rfg/r-100``) adds two
+diagnostic rows that answer each question from the flow graph of its ``efg_recipe_id`` (converted as
+``data_modules.adapters.rfg`` does, one step per sentence): "r-FG direct" says yes when the pair is a
+direct dependency (an edge of the transitive reduction: what MATEO-style training pairs call
+``before``), "r-FG path" when any path joins the steps.  They show how far labels built from r-FG
+agree with CaT-Bench's gold; a question whose recipe is not in DIR, or whose step count differs,
+gets no answer (counted as unparsable).
 Answers to questions that are not in ``--questions`` are ignored (counted on stderr); a question
 without an answer counts as unparsable.  A line that is not a JSON object or lacks the id or
 answer fields stops the script with ``file:line: field: reason``.
@@ -89,6 +97,31 @@ def read_answers(path: Path, answer_field: str = "answer") -> dict[str, Optional
     return answers
 
 
+def rfg_answers(questions: list[dict[str, Any]], rfg_dir: Path) -> dict[str, dict[str, Optional[str]]]:
+    """The "r-FG direct" and "r-FG path" answers (see the module docstring), keyed by question id."""
+    from data_modules.adapters import rfg
+    from seqaware import dag as dag_utils
+
+    procedures = {p.id: p for p in rfg.convert(rfg_dir).all_procedures()}
+    direct: dict[str, Optional[str]] = {}
+    path: dict[str, Optional[str]] = {}
+    graphs: dict[str, tuple[set, Any]] = {}
+    for q in questions:
+        proc = procedures.get(q.get("plan") or "")
+        if proc is None or proc.num_steps != len(q["steps"]) or proc.dag is None:
+            direct[q["pair_id"]] = path[q["pair_id"]] = None
+            continue
+        if proc.id not in graphs:
+            edges = [(int(a), int(b)) for a, b in proc.dag]
+            graphs[proc.id] = ({tuple(e) for e in dag_utils.transitive_reduction(proc.num_steps, edges)},
+                               dag_utils.transitive_closure(proc.num_steps, edges))
+        reduction, closure = graphs[proc.id]
+        a, b = q["first"], q["second"]
+        direct[q["pair_id"]] = "yes" if (a, b) in reduction else "no"
+        path[q["pair_id"]] = "yes" if bool(closure[a][b]) else "no"
+    return {"r-FG direct": direct, "r-FG path": path}
+
+
 def score(questions: list[dict[str, Any]], systems: dict[str, dict[str, Optional[str]]]) -> dict[str, dict[str, Any]]:
     """Rows of the table: baselines, then one per system (answers keyed by question id)."""
     gold = [q["answer"] for q in questions]
@@ -109,6 +142,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--answers", action="append", default=[], metavar="NAME=PATH",
                         help="an answers file (repeatable); NAME labels its row")
     parser.add_argument("--gpt4", type=Path, default=None, help="published GPT-4 answers (same format): row 'GPT-4'")
+    parser.add_argument("--rfg", type=Path, default=None,
+                        help="r-FG folder: add the 'r-FG direct' / 'r-FG path' diagnostic rows")
     parser.add_argument("--answer-field", default="answer", help="field holding the yes/no answer (default: answer)")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
@@ -133,6 +168,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"{name}: {extra} answers to questions not in {args.questions} ignored; "
                   f"{missing} questions without an answer (counted as unparsable)", file=sys.stderr)
         systems[name] = answers
+    if args.rfg is not None:
+        systems.update(rfg_answers(questions, args.rfg))
     rows = score(questions, systems)
     table = format_table(rows, COLUMNS)
     print(table)

@@ -243,6 +243,17 @@ def test_catbench_eval_script_names_bad_lines(tmp_path):
         main(["--questions", str(path), "--answers", f"x={bad}"])
 
 
+@pytest.mark.shared_data
+def test_rfg_rows_answer_from_the_flow_graph(shared_data):
+    """Every CaT-Bench "yes" of the sample is joined by an r-FG path; the rows answer every question."""
+    from scripts.catbench_eval import rfg_answers, score
+
+    questions = read_catbench(shared_data / "catbench" / "test_questions_sample.jsonl")
+    rows = score(questions, rfg_answers(questions, shared_data / "rfg" / "r-100"))
+    assert rows["r-FG path"]["recall"] == 1.0 and rows["r-FG path"]["invalid_rate"] == 0.0
+    assert rows["r-FG direct"]["invalid_rate"] == 0.0 and rows["r-FG direct"]["recall"] < rows["r-FG path"]["recall"]
+
+
 # ---------------------------------------------------------------- end to end
 @pytest.mark.shared_data
 def test_teo_plan_head_rfg_fast_dev_run_prints_catbench_keys(compose_train, capsys):
