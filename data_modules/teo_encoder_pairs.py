@@ -38,6 +38,10 @@ CATBENCH_FIELDS = ("steps", "first_step_idx", "second_step_idx", "direction", "l
 def read_catbench(path: str | Path) -> list[dict[str, Any]]:
     """CaT-Bench questions as pair items.
 
+    Each item keeps the presented pair (``text_a`` / ``text_b``, see the module docstring), the gold
+    ``answer``, ``direction``, and the whole plan (``steps``, 0-based ``first`` / ``second`` step
+    indices, ``plan_idx``) for plan-aware models (:mod:`data_modules.teo_plans`).
+
     Every line is checked like the CaT-Bench adapter checks it
     (:func:`data_modules.adapters.catbench.check_question`: a JSON object, UTF-8, ``steps`` a list of
     strings, integer step indices inside it, yes/no label, before/after direction); all problems
@@ -61,7 +65,8 @@ def read_catbench(path: str | Path) -> list[dict[str, Any]]:
         first, second = q["first_step_idx"], q["second_step_idx"]
         a, b = (first, second) if direction == "before" else (second, first)
         items.append({"pair_id": qid, "text_a": q["steps"][a], "text_b": q["steps"][b], "direction": direction,
-                      "answer": label, "plan": q.get("efg_recipe_id"), "question_type": q.get("question_type")})
+                      "answer": label, "plan": q.get("efg_recipe_id"), "question_type": q.get("question_type"),
+                      "steps": list(q["steps"]), "first": first, "second": second, "plan_idx": q.get("plan_idx")})
     log.raise_if_any()
     if not items:
         raise ValueError(f"data.eval_path={path}: the file holds no CaT-Bench questions")
@@ -126,9 +131,9 @@ class TeoEncoderPairsDataModule(pl.LightningDataModule):
     def prepare_data(self) -> None:
         self.source()
 
-    def setup(self, stage: Optional[str] = None) -> None:
-        if self.items:
-            return
+    def _splits_and_questions(self) -> tuple[dict[str, list[Procedure]], Optional[list[dict[str, Any]]]]:
+        """The source's procedures per split (plans of ``eval_path`` removed with ``exclude_eval_plans``)
+        and the CaT-Bench questions of ``eval_path`` (None without one)."""
         splits = self.source()
         questions = read_catbench(self.eval_path) if self.eval_path else None
         held_out = {q["plan"] for q in questions or [] if q["plan"]} if self.exclude_eval_plans else set()
@@ -139,6 +144,12 @@ class TeoEncoderPairsDataModule(pl.LightningDataModule):
             splits[name] = procs
         if dropped:
             log.info("teo pairs: %d procedures that are plans of %s left out of training/validation", dropped, self.eval_path)
+        return splits, questions
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.items:
+            return
+        splits, questions = self._splits_and_questions()
         self.items["train"] = [_pair_item(p, "train") for p in teo_training_pairs(splits["train"], seed=self.seed)]
         for name in ("val", "test"):
             sets = teo_eval_sets(splits.get(name, []))

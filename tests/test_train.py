@@ -23,6 +23,7 @@ COVERED_ELSEWHERE = {
     "teo_lora_internvl": "test_teo_lora.py", "teo_lora_modalities": "test_teo_lora.py",
     "teo_lora_synthetic": "test_teo_lora.py",
     "teo_head_rfg": "test_teo_head.py", "teo_head_synthetic": "test_teo_head.py",
+    "teo_plan_head_rfg": "test_teo_plan_head.py", "teo_plan_head_synthetic": "test_teo_plan_head.py",
 }
 # extra overrides that keep an experiment tiny beyond conftest's tiny synthetic world
 TINY_EXTRA = {

@@ -235,3 +235,45 @@ def binary_rows(gold, systems: Mapping[str, Any], positive: str = "yes", negativ
 def binary_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     """Markdown table of yes/no reports (percentages)."""
     return format_table(rows, BINARY_COLUMNS)
+
+
+def twin_consistency(keys: Sequence[Hashable], answers: Sequence[Any]) -> dict[str, Any]:
+    """How often the two questions asked about the same step pair get the same answer.
+
+    CaT-Bench (Lal et al., EMNLP 2024) asks every step pair twice, "Must step i happen before step
+    j?" and "Must step j happen after step i?", with the same gold answer; ``keys`` names each
+    question's pair (e.g. ``(plan, i, j)``) and ``answers`` are the answers as given.  Returns
+    ``twin_consistency`` (share of pairs asked exactly twice whose two answers are equal and not
+    None -- two missing answers do not agree; 0.0 when there is no such pair) and ``n_twins`` (how many such pairs).  Pairs asked once or more than twice are
+    left out.
+    """
+    if len(keys) != len(answers):
+        raise ValueError(f"keys and answers differ in length: {len(keys)} vs {len(answers)}")
+    groups: dict[Hashable, list[Any]] = {}
+    for key, answer in zip(keys, answers):
+        groups.setdefault(key, []).append(answer)
+    twins = [g for g in groups.values() if len(g) == 2]
+    same = sum(1 for first, second in twins if first is not None and first == second)
+    return {"twin_consistency": same / len(twins) if twins else 0.0, "n_twins": len(twins)}
+
+
+def choose_threshold(gold: Sequence[Hashable], scores: Sequence[float], metric: str = "macro_f1",
+                     positive: str = "yes", negative: str = "no",
+                     grid: Sequence[float] | None = None) -> tuple[float, float]:
+    """The decision threshold on ``scores`` (answer ``positive`` when ``score >= t``) that maximises
+    ``metric`` of :func:`binary_report` (e.g. ``macro_f1``, ``f1``, ``accuracy``) on ``gold``.
+
+    ``grid`` defaults to 0.05, 0.06, ..., 0.95.  Ties go to the threshold closest to 0.5, then to
+    the smaller one.  Returns ``(threshold, metric value)``.  Meant for validation data only.
+    """
+    if len(gold) != len(scores):
+        raise ValueError(f"gold and scores differ in length: {len(gold)} vs {len(scores)}")
+    if not len(gold):
+        raise ValueError("choose_threshold needs at least one scored question")
+    grid = [round(0.05 + 0.01 * k, 2) for k in range(91)] if grid is None else list(grid)
+    best: tuple[float, float] | None = None
+    for t in sorted(grid, key=lambda t: (abs(t - 0.5), t)):
+        value = binary_report(gold, [positive if s >= t else negative for s in scores], positive, negative)[metric]
+        if best is None or value > best[1]:
+            best = (float(t), float(value))
+    return best  # type: ignore[return-value]

@@ -24,14 +24,15 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
-from seqaware.metrics.iso import binary_rows, format_table
+from seqaware.metrics.iso import binary_rows, format_table, twin_consistency
 from seqaware.metrics.teo import teo_rows, teo_table
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
 
 LABELS = ("before", "after", "independent")
-BINARY_COLUMNS = (("accuracy", "accuracy"), ("f1_yes", "dependent F1"), ("macro_f1", "macro F1"), ("n", "n"))
+BINARY_COLUMNS = (("accuracy", "accuracy"), ("f1_yes", "dependent F1"), ("macro_f1", "macro F1"),
+                  ("twin_consistency", "twin consistency"), ("n", "n"))
 
 
 class TeoHeadModule(SeqawareModule):
@@ -109,11 +110,16 @@ class TeoHeadModule(SeqawareModule):
             # "before" questions are presented (first, second), "after" ones (second, first)
             answers = ["yes" if pred == item["direction"] else "no" for item, pred in catbench]
             rows = binary_rows(gold, {"teo head": answers})
-            self.log_dict({f"{stage}/catbench_{k}": float(rows["teo head"][k]) for k in ("accuracy", "f1_yes", "macro_f1")})
+            # the before / after twins of a step pair: answered alike? (not guaranteed for a pair head)
+            twins = [(item.get("plan_idx"), item.get("plan"), item.get("first"), item.get("second")) for item, _ in catbench]
+            rows["teo head"].update(twin_consistency(twins, answers))
+            self.log_dict({f"{stage}/catbench_{k}": float(rows["teo head"][k])
+                           for k in ("accuracy", "f1_yes", "macro_f1", "twin_consistency")})
             majority = next(name for name in rows if name.startswith("majority"))
             self.log_dict({f"{stage}/majority_{k}": float(rows[majority][k]) for k in ("accuracy", "f1_yes", "macro_f1")})
             if stage == "test":
-                self.test_predictions = [{"id": item["pair_id"], "direction": item["direction"], "pred_relation": pred,
+                self.test_predictions = [{"id": item["pair_id"], "direction": item["direction"], "first": item.get("first"),
+                                          "second": item.get("second"), "pred_relation": pred,
                                           "answer": ans, "gold": item["answer"]}
                                          for (item, pred), ans in zip(catbench, answers)]
             log.info("%s CaT-Bench questions:\n%s", stage, format_table(rows, BINARY_COLUMNS))
