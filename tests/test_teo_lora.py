@@ -12,6 +12,7 @@ from conftest import TINY_SYNTHETIC
 from data_modules.images import ImageLoadError
 from data_modules.sources import synthetic_source
 from data_modules.teo_pairs import IGNORE_INDEX, LengthBucketBatchSampler, TeoChatCollator, TeoPairsDataModule
+from seqaware import runs
 from seqaware.modules.teo_lora import TeoLoraModule
 from seqaware.pretrained import PretrainedUnavailableError
 from seqaware.teo.prompts import prompt_text
@@ -295,7 +296,7 @@ def test_short_run_saves_best_adapter_and_checkpoint_reloads(compose_train, tmp_
                         "model.tiny.init_range=0.1", "model.lora.dropout=0.0")
     datamodule, module, trainer = train.build(cfg)
     trainer.fit(module, datamodule=datamodule)
-    best = train._best_checkpoint(trainer)
+    best = runs.best_checkpoint(trainer)
     assert best is not None
     state = torch.load(best, map_location="cpu", weights_only=False)
     assert "val/teo_consistency_accuracy" in str(state["callbacks"])
