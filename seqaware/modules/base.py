@@ -182,7 +182,7 @@ class GatheredEvalMixin:
         self._eval_records["test"] = []
 
     def on_test_epoch_end(self) -> None:
-        self._log_eval("test")
+        self.test_rows = self._log_eval("test")  # what the test scoring returned (e.g. report rows)
 
 
 class OrderingEvalMixin(GatheredEvalMixin):

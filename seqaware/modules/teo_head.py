@@ -26,7 +26,7 @@ from torch import nn
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
 from seqaware.metrics.iso import binary_rows, format_table, twin_consistency
 from seqaware.metrics.teo import teo_rows, teo_table
-from seqaware.modules.base import SeqawareModule, as_container, gather_unique
+from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ BINARY_COLUMNS = (("accuracy", "accuracy"), ("f1_yes", "dependent F1"), ("macro_
                   ("twin_consistency", "twin consistency"), ("n", "n"))
 
 
-class TeoHeadModule(SeqawareModule):
+class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
     """Sequence encoder + dropout + ``Linear(H, 3)`` trained with cross-entropy on TEO pairs.
 
     Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
@@ -52,7 +52,7 @@ class TeoHeadModule(SeqawareModule):
         if not self.encoder.uses_text:
             raise ValueError("the TEO head reads step texts: use a text or multimodal encoder (model.encoder)")
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.hidden_size, len(LABELS)))
-        self._outputs: dict[str, list[dict[str, Any]]] = {"val": [], "test": []}
+        self._eval_records: dict[str, list[dict[str, Any]]] = {"val": [], "test": []}
         self.test_predictions: list[dict] = []
         self.test_rows: dict[str, dict[str, Any]] = {}
 
@@ -82,7 +82,7 @@ class TeoHeadModule(SeqawareModule):
         losses = F.cross_entropy(logits.float(), batch["labels"], ignore_index=-100, reduction="none").tolist()
         labelled = (batch["labels"] >= 0).tolist()
         for item, k, loss, has_label in zip(batch["meta"], logits.argmax(-1).tolist(), losses, labelled):
-            self._outputs[stage].append({"item": item, "pred": LABELS[k], "loss": loss if has_label else None})
+            self._eval_records[stage].append({"item": item, "pred": LABELS[k], "loss": loss if has_label else None})
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("val", batch)
@@ -90,15 +90,9 @@ class TeoHeadModule(SeqawareModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("test", batch)
 
-    def on_validation_epoch_start(self) -> None:
-        self._outputs["val"] = []
-
-    def on_test_epoch_start(self) -> None:
-        self._outputs["test"] = []
-
     def _report(self, stage: str) -> dict[str, dict[str, Any]]:
-        records = gather_unique(self._outputs[stage], key=lambda r: (r["item"].get("set", ""), r["item"]["pair_id"]))
-        self._outputs[stage] = []
+        records = gather_unique(self._eval_records[stage], key=lambda r: (r["item"].get("set", ""), r["item"]["pair_id"]))
+        self._eval_records[stage] = []
         losses = [r["loss"] for r in records if r["loss"] is not None]
         if losses:  # the mean cross-entropy over the split's labelled pairs
             self.log(f"{stage}/loss", sum(losses) / len(losses), sync_dist=False)
@@ -147,8 +141,4 @@ class TeoHeadModule(SeqawareModule):
         log.info("%s TEO pairs:\n%s", stage, teo_table(rows))
         return rows
 
-    def on_validation_epoch_end(self) -> None:
-        self._report("val")
-
-    def on_test_epoch_end(self) -> None:
-        self.test_rows = self._report("test")
+    _log_eval = _report  # GatheredEvalMixin scores each epoch with it (the test rows land in test_rows)

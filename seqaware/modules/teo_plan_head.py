@@ -50,7 +50,7 @@ from torch import nn
 from seqaware.encoders.base import SequenceEncoder, pack_steps
 from seqaware.metrics.iso import binary_rows, choose_threshold, format_table, twin_consistency
 from seqaware.metrics.teo import teo_rows, teo_table
-from seqaware.modules.base import SeqawareModule, as_container, gather_unique
+from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def relations(probs: torch.Tensor, a: Sequence[int], b: Sequence[int], threshold
     return out
 
 
-class TeoPlanHeadModule(SeqawareModule):
+class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
     """Plan encoder (sequence encoder + step transformer) + pair MLP, trained with cross-entropy on
     every labelled presentation of each plan of the batch.
 
@@ -149,7 +149,7 @@ class TeoPlanHeadModule(SeqawareModule):
             self.register_buffer("class_weights", torch.tensor([float(w) for w in class_weights]), persistent=False)
         else:
             self.class_weights = None
-        self._outputs: dict[str, list[dict[str, Any]]] = {"val": [], "test": []}
+        self._eval_records: dict[str, list[dict[str, Any]]] = {"val": [], "test": []}
         self.test_predictions: list[dict] = []
         self.test_rows: dict[str, dict[str, Any]] = {}
 
@@ -240,19 +240,13 @@ class TeoPlanHeadModule(SeqawareModule):
             b = torch.tensor([p["b"] for p in pairs], device=logits.device)
             has_label = (labels[k, a, b] >= 0).tolist()
             for pair, p, loss, labelled in zip(pairs, probs[k, a, b].tolist(), losses[k, a, b].tolist(), has_label):
-                self._outputs[stage].append({"pair": pair, "probs": p, "loss": loss if labelled else None})
+                self._eval_records[stage].append({"pair": pair, "probs": p, "loss": loss if labelled else None})
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("val", batch)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("test", batch)
-
-    def on_validation_epoch_start(self) -> None:
-        self._outputs["val"] = []
-
-    def on_test_epoch_start(self) -> None:
-        self._outputs["test"] = []
 
     # ------------------------------------------------------------------ reports
     def _relations(self, records: list[dict]) -> list[str]:
@@ -263,8 +257,8 @@ class TeoPlanHeadModule(SeqawareModule):
                          float(self.decision_threshold))
 
     def _report(self, stage: str) -> dict[str, dict[str, Any]]:
-        records = gather_unique(self._outputs[stage], key=lambda r: (r["pair"].get("set", ""), r["pair"]["pair_id"]))
-        self._outputs[stage] = []
+        records = gather_unique(self._eval_records[stage], key=lambda r: (r["pair"].get("set", ""), r["pair"]["pair_id"]))
+        self._eval_records[stage] = []
         losses = [r["loss"] for r in records if r["loss"] is not None]
         if losses:
             self.log(f"{stage}/loss", sum(losses) / len(losses), sync_dist=False)
@@ -341,8 +335,4 @@ class TeoPlanHeadModule(SeqawareModule):
                  format_table(rows, CATBENCH_COLUMNS))
         return rows
 
-    def on_validation_epoch_end(self) -> None:
-        self._report("val")
-
-    def on_test_epoch_end(self) -> None:
-        self.test_rows = self._report("test")
+    _log_eval = _report  # GatheredEvalMixin scores each epoch with it (the test rows land in test_rows)
