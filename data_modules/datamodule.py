@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader
 
 from data_modules.collate import StepCollator
 from data_modules.images import check_procedure_images
-from data_modules.views import EpochSampler, PretrainingView, SequencingView
+from data_modules.sampling import epoch_loader
+from data_modules.views import PretrainingView, SequencingView
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure, ProcedureFormatError
 
@@ -140,17 +141,9 @@ class ProcedureDataModule(pl.LightningDataModule):
         if split not in self.datasets:
             raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)}); "
                              f"set data.{split}_path or the source's {split} data")
-        replicas, rank = 1, 0
-        if self.trainer is not None:
-            replicas, rank = self.trainer.world_size, self.trainer.global_rank
-        dataset = self.datasets[split]
-        sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=self.seed, num_replicas=replicas, rank=rank)
-        return DataLoader(
-            dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.collator,
-            num_workers=self.num_workers, pin_memory=self.pin_memory, persistent_workers=self.persistent_workers,
-            # a private generator: creating a loader never consumes the global RNG (exact resume)
-            generator=torch.Generator().manual_seed(self.seed),
-        )
+        return epoch_loader(self.datasets[split], batch_size=batch_size, shuffle=shuffle, seed=self.seed,
+                            trainer=self.trainer, collate_fn=self.collator, num_workers=self.num_workers,
+                            pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", True, self.batch_size)

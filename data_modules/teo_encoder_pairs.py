@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from data_modules.adapters.catbench import check_question, check_unique, question_id
 from data_modules.adapters.common import ProblemLog, iter_json_records
 from data_modules.collate import first_sentences
+from data_modules.sampling import KeyedList, epoch_loader
 from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure
@@ -165,8 +166,9 @@ class TeoEncoderPairsDataModule(pl.LightningDataModule):
         log.info("teo pairs: %s", {k: len(v) for k, v in self.items.items()})
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
-        return DataLoader(self.items[split], batch_size=batch_size, shuffle=shuffle, collate_fn=self.collator,
-                          num_workers=self.num_workers, generator=torch.Generator().manual_seed(self.seed))
+        return epoch_loader(KeyedList(self.items[split], name=f"{split} TEO pairs"), batch_size=batch_size,
+                            shuffle=shuffle, seed=self.seed, trainer=self.trainer, collate_fn=self.collator,
+                            num_workers=self.num_workers)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", True, self.batch_size)

@@ -23,22 +23,22 @@ processor once per batch. Training batches are right-padded and carry ``labels``
 and ``-100`` everywhere else (system, user prompt, image tokens, padding). Evaluation batches hold
 the left-padded prompts only (for ``generate``) plus the pair records.
 
-:class:`LengthBucketBatchSampler` groups training pairs of similar length into micro-batches
+:class:`~data_modules.sampling.LengthBucketBatchSampler` groups training pairs of similar length into micro-batches
 (``mateo_fast``): less padding, same data per epoch, order a pure function of (seed, epoch).
 """
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader
 
 from data_modules.images import ImageLoadError, check_procedure_images, open_rgb
 from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs
-from data_modules.views import EpochSampler
+from data_modules.sampling import KeyedList, epoch_loader
 from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
 from seqaware.teo import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
 from seqaware.teo.prompts import TEO_TARGET_FORMATS, build_teo_finetune_prompt, teo_answer
@@ -59,21 +59,6 @@ def resolve_pair_images(pair: dict[str, Any], root: str | None) -> dict[str, Any
     return out
 
 
-class TeoPairDataset(Dataset):
-    """A list of TEO pair dicts (indexable by ``i`` or by an ``(i, epoch)`` key of :class:`EpochSampler`)."""
-
-    def __init__(self, pairs: Sequence[dict[str, Any]], name: str = "teo"):
-        self.pairs = list(pairs)
-        self.name = name
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
-        index = key[0] if isinstance(key, tuple) else key
-        return self.pairs[int(index)]
-
-
 def pair_length(pair: dict[str, Any], modality: str) -> int:
     """A length proxy for bucketing: characters of the shown step texts (+ a fixed cost per image).
 
@@ -86,62 +71,6 @@ def pair_length(pair: dict[str, Any], modality: str) -> int:
     if modality in ("image", "image_text"):
         length += 1000 * (bool(pair["step_a"].get("images")) + bool(pair["step_b"].get("images")))
     return length
-
-
-class LengthBucketBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Micro-batches of similar length, for less padding (``mateo_fast``).
-
-    Per epoch: shuffle all indices with ``(seed, epoch)``; cut them into windows of
-    ``batch_size * bucket_factor``; sort each window by length; cut windows into batches; shuffle
-    the batch order. Under DDP each rank takes every ``num_replicas``-th batch (the batch list is
-    padded by repeating its first batches so all ranks get the same count). Yields lists of
-    ``(index, epoch)`` keys, like :class:`~data_modules.views.EpochSampler`.
-    """
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, bucket_factor: int = 50, shuffle: bool = True,
-                 drop_last: bool = False, seed: int = 0, num_replicas: int = 1, rank: int = 0):
-        if batch_size < 1 or bucket_factor < 1:
-            raise ValueError(f"batch_size and bucket_factor must be >= 1, got {batch_size} and {bucket_factor}")
-        self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
-        self.batch_size, self.bucket_factor = int(batch_size), int(bucket_factor)
-        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, int(seed)
-        self.num_replicas, self.rank = int(num_replicas), int(rank)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def _batches(self) -> list[list[int]]:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        n = len(self.lengths)
-        order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)
-        window = self.batch_size * self.bucket_factor
-        batches: list[list[int]] = []
-        for start in range(0, n, window):
-            chunk = order[start:start + window]
-            chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)]
-            batches += [chunk[i:i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
-        if self.drop_last:
-            batches = [b for b in batches if len(b) == self.batch_size]
-        if self.shuffle:
-            batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
-        if self.num_replicas > 1 and batches:
-            per_rank = -(-len(batches) // self.num_replicas)
-            batches += batches[: per_rank * self.num_replicas - len(batches)]
-            batches = batches[self.rank::self.num_replicas]
-        return batches
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        return iter([[(i, self.epoch) for i in batch] for batch in self._batches()])
-
-    def __len__(self) -> int:
-        n = len(self.lengths)
-        window = self.batch_size * self.bucket_factor
-        if self.drop_last:
-            count = sum(min(window, n - s) // self.batch_size for s in range(0, n, window))
-        else:
-            count = sum(math.ceil(min(window, n - s) / self.batch_size) for s in range(0, n, window))
-        return -(-count // self.num_replicas) if self.num_replicas > 1 else count
 
 
 PROMPTS = ("finetune", "eval")
@@ -276,7 +205,7 @@ class TeoPairsDataModule(pl.LightningDataModule):
         resplit: optional ``[train, val, test]`` fractions: pool all procedures and re-split them with
             :func:`~data_modules.tasks.teo.stratified_split` (stratified by number of steps).
         batch_size / eval_batch_size: micro-batch sizes (training / generation).
-        bucket_by_length: group training micro-batches by length (:class:`LengthBucketBatchSampler`).
+        bucket_by_length: group training micro-batches by length (:class:`~data_modules.sampling.LengthBucketBatchSampler`).
         bucket_factor: batches per sorting window of the bucketing sampler.
         max_length: optional sequence length cap (a longer example is an error).
         max_train_pairs / max_eval_pairs: optional caps (first pairs after the seeded shuffle /
@@ -316,7 +245,7 @@ class TeoPairsDataModule(pl.LightningDataModule):
         self.prompts_dir = prompts_dir
         self.source_paths = {k: v for k, v in
                              {"train_path": train_path, "val_path": val_path, "test_path": test_path}.items() if v is not None}
-        self.datasets: dict[str, TeoPairDataset] = {}
+        self.datasets: dict[str, KeyedList] = {}
         self._processor = None
 
     @property
@@ -361,44 +290,29 @@ class TeoPairsDataModule(pl.LightningDataModule):
                 pairs = [dict(p, set=name) for o, s in zip(sets["original"][:keep], sets["swapped"][:keep])
                          for name, p in (("original", o), ("swapped", s))]
             pairs = [resolve_pair_images(p, roots[p["procedure_id"]]) for p in pairs]
-            self.datasets[split] = TeoPairDataset(pairs, name=f"{split} TEO pairs")
+            self.datasets[split] = KeyedList(pairs, name=f"{split} TEO pairs")
             log.info("TEO %s pairs: %d %s", split, len(pairs), teo_class_counts(pairs))
 
-    def _replicas(self) -> tuple[int, int]:
-        if self.trainer is not None:
-            return self.trainer.world_size, self.trainer.global_rank
-        return 1, 0
-
-    def _dataset(self, split: str) -> TeoPairDataset:
+    def _dataset(self, split: str) -> KeyedList:
         if split not in self.datasets:
             raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)})")
         if len(self.datasets[split]) == 0:
             raise ValueError(f"the '{split}' split has no TEO pairs (do its procedures have a 'dag'?)")
         return self.datasets[split]
 
-    def _loader_kwargs(self) -> dict[str, Any]:
-        return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
-                "persistent_workers": self.persistent_workers,
-                "generator": torch.Generator().manual_seed(self.seed)}  # never consumes the global RNG
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        dataset = self._dataset(split)
+        lengths = [pair_length(p, self.modality) for p in dataset.items] if train and self.bucket_by_length else None
+        return epoch_loader(dataset, batch_size=self.batch_size if train else self.eval_batch_size, shuffle=train,
+                            seed=self.seed, trainer=self.trainer, collate_fn=self.collator(train), lengths=lengths,
+                            bucket_factor=self.bucket_factor, num_workers=self.num_workers,
+                            pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
 
     def train_dataloader(self) -> DataLoader:
-        dataset = self._dataset("train")
-        replicas, rank = self._replicas()
-        if self.bucket_by_length:
-            lengths = [pair_length(p, self.modality) for p in dataset.pairs]
-            batch_sampler = LengthBucketBatchSampler(lengths, self.batch_size, self.bucket_factor, shuffle=True,
-                                                     seed=self.seed, num_replicas=replicas, rank=rank)
-            return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=self.collator(True), **self._loader_kwargs())
-        sampler = EpochSampler(len(dataset), shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank)
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collator(True),
-                          **self._loader_kwargs())
+        return self._loader("train", True)
 
     def _eval_loader(self, split: str) -> DataLoader:
-        dataset = self._dataset(split)
-        replicas, rank = self._replicas()
-        sampler = EpochSampler(len(dataset), shuffle=False, seed=self.seed, num_replicas=replicas, rank=rank)
-        return DataLoader(dataset, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=self.collator(False),
-                          **self._loader_kwargs())
+        return self._loader(split, False)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")

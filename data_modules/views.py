@@ -5,7 +5,7 @@
 * :class:`PretrainingView` -- ordered (sub-)sequences of at least ``min_steps`` steps.
 
 Both are map-style datasets whose items may be indexed by ``(index, epoch)`` (see
-:class:`EpochSampler`), so the randomness of an epoch is a pure function of (seed, epoch, index):
+:class:`data_modules.sampling.EpochSampler`), so the randomness of an epoch is a pure function of (seed, epoch, index):
 a run resumed from a checkpoint sees exactly the data the uninterrupted run would have seen.
 
 Length policy (``too_long``) for procedures with more steps than ``max_steps``:
@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from seqaware import dag as dag_utils
 from seqaware.procedure import Procedure, Step
@@ -207,40 +206,3 @@ class PretrainingView(_ProcedureView):
             category=proc.category,
             root=proc.root,
         )
-
-
-class EpochSampler(Sampler):
-    """Yields ``(index, epoch)`` keys, shuffled per epoch from ``(seed, epoch)`` when ``shuffle``.
-
-    Lightning calls :meth:`set_epoch` before every epoch (also on resume), so the order of an epoch
-    and the per-item randomness of the views depend only on the seed and the epoch number.
-    Under DDP it shards the keys like :class:`~torch.utils.data.DistributedSampler` (pad by repeat).
-    """
-
-    def __init__(self, size: int, shuffle: bool, seed: int = 0, num_replicas: int = 1, rank: int = 0):
-        self.size, self.shuffle, self.seed = size, shuffle, seed
-        self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def _indices(self) -> list[int]:
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            indices = torch.randperm(self.size, generator=gen).tolist()
-        else:
-            indices = list(range(self.size))
-        if self.num_replicas > 1:
-            per_rank = -(-self.size // self.num_replicas)
-            indices += indices[: per_rank * self.num_replicas - len(indices)]
-            indices = indices[self.rank::self.num_replicas]
-        return indices
-
-    def __iter__(self):
-        return iter([(i, self.epoch) for i in self._indices()])
-
-    def __len__(self) -> int:
-        if self.num_replicas > 1:
-            return -(-self.size // self.num_replicas)
-        return self.size

@@ -11,7 +11,8 @@ import torch
 from conftest import TINY_SYNTHETIC
 from data_modules.images import ImageLoadError
 from data_modules.sources import synthetic_source
-from data_modules.teo_pairs import IGNORE_INDEX, LengthBucketBatchSampler, TeoChatCollator, TeoPairsDataModule
+from data_modules.sampling import LengthBucketBatchSampler
+from data_modules.teo_pairs import IGNORE_INDEX, TeoChatCollator, TeoPairsDataModule
 from seqaware import runs
 from seqaware.modules.teo_lora import TeoLoraModule
 from seqaware.pretrained import PretrainedUnavailableError
@@ -29,7 +30,7 @@ def teo_dm(tmp_path_factory) -> TeoPairsDataModule:
 
 
 def _train_batch(dm: TeoPairsDataModule, n: int = 4) -> dict:
-    pairs = dm.datasets["train"].pairs
+    pairs = dm.datasets["train"].items
     picked = [p for p in pairs if p["label"] == "independent"][:2] + [p for p in pairs if p["label"] != "independent"][: n - 2]
     return dm.collator(train=True)(picked)
 
@@ -68,7 +69,7 @@ def test_labels_are_the_answer_tokens_only(teo_dm):
 
 
 def test_training_prompt_is_mateo_table6(teo_dm):
-    pair = teo_dm.datasets["train"].pairs[0]
+    pair = teo_dm.datasets["train"].items[0]
     msgs = teo_dm.collator(train=True).messages(pair, with_answer=True)
     assert [m["role"] for m in msgs] == ["user", "assistant"]  # Table 6: <User> / <Assistant>, no system turn
     user = prompt_text(msgs[:1])
@@ -83,7 +84,7 @@ def test_training_prompt_is_mateo_table6(teo_dm):
 
 
 def test_prompt_and_target_options(teo_dm):
-    pair = next(p for p in teo_dm.datasets["train"].pairs if p["label"] == "after")
+    pair = next(p for p in teo_dm.datasets["train"].items if p["label"] == "after")
     short = TeoChatCollator(teo_dm.processor, "text", "baseline", prompt="eval", target_format="short")
     msgs = short.messages(pair, with_answer=True)
     assert msgs[-1]["content"][0]["text"] == "Q1: No\nQ2: Yes\nQ3: No"
@@ -113,7 +114,7 @@ def test_eval_batches_are_left_padded_prompts(teo_dm):
 
 
 def test_missing_image_names_pair_and_field(teo_dm):
-    pair = dict(teo_dm.datasets["train"].pairs[0])
+    pair = dict(teo_dm.datasets["train"].items[0])
     pair["step_b"] = dict(pair["step_b"], images=["/nonexistent/picture.png"])
     with pytest.raises(ImageLoadError, match=rf"{pair['pair_id']}.*step_b\.images\[0\].*picture\.png"):
         teo_dm.collator(train=True)([pair])
@@ -312,7 +313,7 @@ def test_short_run_saves_best_adapter_and_checkpoint_reloads(compose_train, tmp_
     reloaded = TeoLoraModule.load_from_checkpoint(best).eval()
     base, _ = build_tiny_internvl(seed=0, **cfg.model.tiny)
     peft_model = PeftModel.from_pretrained(base, str(out / "adapter")).eval()
-    batch = datamodule.collator(train=True)(datamodule.datasets["train"].pairs[:2])
+    batch = datamodule.collator(train=True)(datamodule.datasets["train"].items[:2])
     with torch.no_grad():
         assert torch.equal(reloaded(batch).logits, peft_model(**reloaded._inputs(batch)).logits)
     trainer.test(reloaded, datamodule=datamodule)
@@ -389,7 +390,7 @@ def test_minilm_decoder_is_causal_and_left_padding_safe(minilm_module):
 def test_minilm_labels_decode_to_a_parsable_answer(minilm_dm):
     from seqaware.teo import parse_teo_answer
 
-    batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].pairs[:4])
+    batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].items[:4])
     tok = minilm_dm.processor.tokenizer
     assert not (batch["input_ids"][:, 0] == tok.convert_tokens_to_ids("[CLS]")).any()  # no BERT [CLS] ... [SEP]
     for row, pair in enumerate(batch["pairs"]):
@@ -400,7 +401,7 @@ def test_minilm_labels_decode_to_a_parsable_answer(minilm_dm):
 def test_answer_loss_equals_the_full_logits_loss(minilm_module, minilm_dm, teo_dm):
     for module, dm in ((minilm_module, minilm_dm), (_tiny_module(), teo_dm)):
         module.eval()
-        batch = dm.collator(train=True)(dm.datasets["train"].pairs[:4])
+        batch = dm.collator(train=True)(dm.datasets["train"].items[:4])
         with torch.no_grad():
             assert module.answer_loss(batch).item() == pytest.approx(module(batch).loss.item(), rel=1e-5)
 
@@ -408,7 +409,7 @@ def test_answer_loss_equals_the_full_logits_loss(minilm_module, minilm_dm, teo_d
 def test_minilm_lora_step_lowers_the_loss(minilm_dm):
     module = TeoLoraModule(name_or_path="tiny-minilm", lora={"r": 8, "alpha": 16, "dropout": 0.0, "target": "language"},
                            optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-2, "weight_decay": 0.0})
-    batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].pairs[:4])
+    batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].items[:4])
     optimizer = module.configure_optimizers()
     module.eval()  # no dropout: compare the same function before and after the step
     loss0 = module.answer_loss(batch)
@@ -420,7 +421,7 @@ def test_minilm_lora_step_lowers_the_loss(minilm_dm):
 
 def test_prompt_longer_than_the_minilm_positions_is_a_clear_error(minilm_dm):
     collator = minilm_dm.collator(train=True)
-    pair = dict(minilm_dm.datasets["train"].pairs[0])
+    pair = dict(minilm_dm.datasets["train"].items[0])
     pair["step_a"] = dict(pair["step_a"], text="stack the blocks " * 200)
     with pytest.raises(ValueError, match="data.max_length=512"):
         collator([pair])

@@ -11,7 +11,8 @@ from PIL import Image
 
 from data_modules.collate import StepCollator, first_sentences
 from data_modules.images import ImageLoadError
-from data_modules.views import EpochSampler, PretrainingView, SequencingView
+from data_modules.sampling import EpochSampler
+from data_modules.views import PretrainingView, SequencingView
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure, Step
 
