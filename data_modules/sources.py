@@ -3,12 +3,19 @@
 A data config names one with ``_target_`` and ``_partial_: true``; the data module calls it in
 ``prepare_data`` (rank 0 only: generation, conversion, caching) and again in ``setup`` (every rank:
 reading the cached result). New datasets plug in by adding a source function and a config.
+
+* :func:`jsonl_source` -- prepared JSON lines (``data=jsonl``);
+* :func:`synthetic_source` -- the embedded synthetic world, generated once into the cache;
+* :func:`adapter_source` -- a raw release converted once by a dataset adapter into the cache.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
+from seqaware.config import to_plain
+from seqaware.io import build_folder_once
 from seqaware.procedure import (
     Problem,
     Procedure,
@@ -63,3 +70,32 @@ def synthetic_source(cache_dir: str, progress: bool = True, **config) -> dict[st
 
     folder = ensure_synthetic(SyntheticConfig(**config), cache_dir, progress=progress)
     return {split: read_procedures(Path(folder) / f"{split}.jsonl") for split in SPLITS}
+
+
+def adapter_source(dataset: str, src: str, cache_dir: str, tasks: list[str] | None = None,
+                   task_options: dict[str, dict[str, Any]] | None = None, **options: Any) -> dict[str, list[Procedure]]:
+    """Hydra data source: convert ``src`` with adapter ``dataset`` once, then read the cached JSONL.
+
+    The prepared dataset lives in ``cache_dir/<key>`` where ``key`` hashes the adapter name and
+    version, the resolved ``src`` (with its size and mtime), ``options`` and ``tasks``; change any of
+    them and the data is converted again. Conversion goes into a temporary folder that receives a
+    ``DONE`` marker last and is then renamed into place, so an interrupted run never leaves a
+    folder that looks complete. Returns ``{split: [Procedure]}`` for every prepared split.
+    """
+    from data_modules.adapters.prepare import prepare_dataset
+    from data_modules.adapters.registry import cache_key
+
+    options = {k: to_plain(v) for k, v in options.items()}
+    tasks = list(to_plain(tasks) or [])
+    task_options = to_plain(task_options) or {}
+    if not src or not Path(src).exists():
+        raise FileNotFoundError(f"data.source.src: no such file or folder: {src!r} (set data.source.src=PATH)")
+    key = cache_key(dataset, src, {**options, "task_options": task_options}, tasks)
+
+    def build(out: Path) -> None:
+        log.info("converting %s from %s into %s", dataset, src, Path(cache_dir) / key)
+        prepare_dataset(dataset, src, out, tasks=tasks, options=options, task_options=task_options)
+
+    folder = build_folder_once(cache_dir, key, build)
+    splits = sorted(p.stem for p in folder.glob("*.jsonl"))
+    return {split: read_procedures(folder / f"{split}.jsonl") for split in splits}

@@ -32,10 +32,7 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import time
-import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +42,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from seqaware.io import DONE_MARKER, build_folder_once
 from seqaware.procedure import Procedure, Step, write_procedures
 
 log = logging.getLogger(__name__)
@@ -53,7 +51,6 @@ GENERATOR = "synthetic-v1"
 SPLITS = ("train", "val", "test")
 CATEGORIES = ("stacking", "filling", "garden")
 _SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
-DONE_MARKER = "DONE"
 
 OPENER_PROB = 0.15
 """Share of procedures whose first step starts with "First, " (the only order word used)."""
@@ -957,46 +954,13 @@ def config_key(cfg: SyntheticConfig) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
-def _is_complete(folder: Path) -> bool:
-    return (folder / DONE_MARKER).is_file()
-
-
 def ensure_synthetic(cfg: SyntheticConfig, cache_dir: str | os.PathLike, progress: bool = True) -> Path:
-    """The folder ``cache_dir/<config key>`` holding the generated dataset, generating it once.
+    """The folder ``cache_dir/<config key>`` holding the generated dataset, generating it once
+    (atomically, safe under concurrent runs: :func:`seqaware.io.build_folder_once`)."""
 
-    Generation goes into a temporary folder beside it, which gets a ``DONE`` marker last and is
-    then renamed into place, so an interrupted or concurrent run never leaves a folder under the
-    final name that looks complete without being so. When two runs race, the first rename wins and
-    the other run discards its copy.
-    """
-    cache_dir = Path(cache_dir)
-    key = config_key(cfg)
-    folder = cache_dir / key
-    if _is_complete(folder):
-        return folder
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=cache_dir))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the finished cache folder is readable like any other
-    try:
-        log.info("generating the synthetic dataset into %s", folder)
-        generate(cfg, tmp, progress=progress)
-        (tmp / "config.json").write_text(json.dumps({"generator": GENERATOR, **asdict(cfg)}, indent=2, default=list))
-        (tmp / DONE_MARKER).write_text(GENERATOR + "\n")
-        for _ in range(3):
-            if _is_complete(folder):
-                return folder  # another run finished first
-            try:
-                os.rename(tmp, folder)
-                return folder
-            except OSError:
-                if folder.exists() and not _is_complete(folder):
-                    # Not written by this function (it only renames complete folders): set it aside.
-                    stale = cache_dir / f".{key}.stale-{uuid.uuid4().hex}"
-                    try:
-                        os.rename(folder, stale)
-                    except OSError:
-                        pass
-                    shutil.rmtree(stale, ignore_errors=True)
-        raise RuntimeError(f"could not move the generated synthetic dataset into {folder}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    def build(out: Path) -> None:
+        log.info("generating the synthetic dataset into %s", Path(cache_dir) / config_key(cfg))
+        generate(cfg, out, progress=progress)
+        (out / "config.json").write_text(json.dumps({"generator": GENERATOR, **asdict(cfg)}, indent=2, default=list))
+
+    return build_folder_once(cache_dir, config_key(cfg), build)

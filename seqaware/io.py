@@ -2,16 +2,19 @@
 
 A file is first written next to its destination under a temporary name and then moved into place
 with :func:`os.replace`, which is atomic on POSIX file systems. An interrupted run therefore leaves
-either the old file or the new one, never a truncated mix.
+either the old file or the new one, never a truncated mix. Cache folders (a generated or
+converted dataset) are built the same way, as a whole: :func:`build_folder_once`.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -87,3 +90,43 @@ def read_test_metrics(run_dir: str | os.PathLike) -> dict | None:
     if not path.is_file():
         return None
     return parse_test_metrics(TEST_METRICS_MARKER + path.read_text().strip())
+
+
+DONE_MARKER = "DONE"
+"""The file a cache folder receives last; a folder without it is never trusted."""
+
+
+def build_folder_once(cache_dir: str | os.PathLike, key: str, build: Callable[[Path], None]) -> Path:
+    """The folder ``cache_dir/key``, built by ``build(folder)`` unless a complete one is there.
+
+    ``build`` writes into a temporary folder beside the final one, which gets a ``DONE`` marker
+    last and is then renamed into place, so an interrupted or concurrent run never leaves a folder
+    under the final name that looks complete without being so. When two runs race, the first
+    rename wins and the other run discards its copy. A folder under the final name without the
+    marker (not written by this function) is set aside and replaced.
+    """
+    cache_dir = Path(cache_dir)
+    folder = cache_dir / key
+    if (folder / DONE_MARKER).is_file():
+        return folder
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=cache_dir))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the finished folder is readable like any other
+    try:
+        build(tmp)
+        (tmp / DONE_MARKER).write_text(key + "\n")
+        for _ in range(3):
+            if (folder / DONE_MARKER).is_file():
+                return folder  # another run finished first
+            try:
+                os.rename(tmp, folder)
+                return folder
+            except OSError:
+                if folder.exists() and not (folder / DONE_MARKER).is_file():
+                    stale = cache_dir / f".{key}.stale-{uuid.uuid4().hex}"
+                    with contextlib.suppress(OSError):
+                        os.rename(folder, stale)
+                    shutil.rmtree(stale, ignore_errors=True)
+        raise RuntimeError(f"could not move the finished cache folder into {folder}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

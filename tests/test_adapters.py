@@ -11,16 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data_modules.adapters import (
-    ADAPTERS,
-    AdapterOptionError,
-    adapter_options,
-    adapter_source,
-    get_adapter,
-    run_adapter,
-)
+from data_modules.adapters import ADAPTERS, AdapterOptionError, adapter_options, get_adapter, run_adapter
 from data_modules.adapters.common import normalize_orders, split_from_name
 from data_modules.adapters.roc import read_roc, roc_source
+from data_modules.sources import adapter_source
 from seqaware import dag as dag_utils
 from seqaware.metrics.coherence import coherence_report
 from seqaware.metrics.iso import iso_report

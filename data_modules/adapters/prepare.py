@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from data_modules.adapters import run_adapter
+from data_modules.adapters.registry import run_adapter
 from data_modules.adapters.common import AdapterOptionError, AdapterResult, conversion_progress
 from data_modules.adapters.report import CONVERSION_FILE
 from data_modules.tasks.coherence import coherence_instances
