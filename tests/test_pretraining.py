@@ -129,7 +129,8 @@ def test_encoder_checkpoint_is_the_best_and_loads(compose_train):
 
 
 def test_two_stage_visual_tower_from_an_image_only_run(compose_train, tmp_path):
-    """clip_image_pretrain's encoder.pt initialises CLIP-ViL's visual tower (model.visual.ckpt)."""
+    """clip_image_pretrain's encoder.pt initialises CLIP-ViL's visual tower (model.encoder.visual_ckpt;
+    the older spelling model.visual.ckpt, kept in earlier checkpoints' hparams, does the same)."""
     from hydra.utils import instantiate
 
     over = tiny_pretrain("backbones.visual.pretrained=false")
@@ -139,12 +140,13 @@ def test_two_stage_visual_tower_from_an_image_only_run(compose_train, tmp_path):
             p.add_(0.5)
     path = tmp_path / "encoder.pt"
     torch.save(image_module.encoder_state_dict(), path)
-    clipvil = instantiate(compose_train("experiment=clipvil_pretrain", f"model.visual.ckpt={path}", *over).model)
     want = image_module.encoder.visual.state_dict()
-    got = clipvil.encoder.visual.state_dict()
-    assert want.keys() == got.keys()
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, msg=key)
+    for spelling in (f"model.encoder.visual_ckpt={path}", f"+model.visual.ckpt={path}"):
+        clipvil = instantiate(compose_train("experiment=clipvil_pretrain", spelling, *over).model)
+        got = clipvil.encoder.visual.state_dict()
+        assert want.keys() == got.keys()
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, msg=key)
 
 
 def test_wrong_checkpoint_for_the_visual_tower_is_a_clear_error(compose_train, tmp_path):
@@ -152,8 +154,8 @@ def test_wrong_checkpoint_for_the_visual_tower_is_a_clear_error(compose_train, t
     from hydra.utils import instantiate
 
     model_cfg = cfg.model.copy()
-    model_cfg.visual.ckpt = str(tmp_path / "missing.pt")
-    with config_error("no visual tower 'visual'"):
+    model_cfg.encoder.visual_ckpt = str(tmp_path / "missing.pt")
+    with config_error("the text encoder has no visual tower"):
         instantiate(model_cfg)
 
 

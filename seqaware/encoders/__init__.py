@@ -10,9 +10,10 @@ Registered names (every choice below is a config value, see ``configs/encoder/*.
                 whole-image feature, with box geometry (VisualBERT on the synthetic data).
 ``image``       the same without text: a learned CLS + the images' tokens.
 
-``create_encoder(name, ckpt=None, **cfg)`` builds one; ``ckpt`` then loads the whole encoder from
-an earlier stage (``model.encoder.ckpt=PATH``: a Lightning checkpoint with ``encoder.*`` keys or a
-bare ``encoder.pt``), see :func:`seqaware.encoders.checkpoint.load_encoder_checkpoint`.
+``create_encoder(name, ckpt=None, visual_ckpt=None, **cfg)`` builds one; ``ckpt`` then loads the
+whole encoder from an earlier stage (``model.encoder.ckpt=PATH``: a Lightning checkpoint with
+``encoder.*`` keys or a bare ``encoder.pt``) and ``visual_ckpt`` only its visual tower
+(``model.encoder.visual_ckpt=PATH``), see :func:`seqaware.encoders.checkpoint.load_encoder_checkpoint`.
 
 Modules are imported lazily inside the factories, so importing the registry is cheap and a
 missing optional dependency only matters for the encoder that needs it.
@@ -20,6 +21,8 @@ missing optional dependency only matters for the encoder that needs it.
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
+
+from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, fusion_input, pack_steps
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
@@ -46,11 +49,22 @@ def list_encoders() -> list[str]:
     return sorted(ENCODERS)
 
 
-def create_encoder(name: str, ckpt: Optional[str] = None, **cfg: Any) -> SequenceEncoder:
-    """Build the registered encoder ``name`` from its config values; load ``ckpt`` when given."""
+def create_encoder(name: str, ckpt: Optional[str] = None, visual_ckpt: Optional[str] = None,
+                   **cfg: Any) -> SequenceEncoder:
+    """Build the registered encoder ``name`` from its config values, then load its weights.
+
+    This is the one place encoder weights from an earlier stage are loaded (every module builds its
+    encoder through it): ``visual_ckpt`` initialises only the visual tower (``visual.*``, e.g.
+    CLIP-ViL's from an image-only ``clip_image_pretrain`` run), then ``ckpt`` the whole encoder.
+    """
     if name not in ENCODERS:
         raise ValueError(f"unknown encoder {name!r} (model.encoder.name); choose one of {list_encoders()}")
     encoder = ENCODERS[name](**cfg)
+    if visual_ckpt:
+        if not isinstance(getattr(encoder, "visual", None), nn.Module):
+            raise ValueError(f"model.encoder.visual_ckpt={visual_ckpt}: the {name} encoder has no visual tower "
+                             "'visual' (a text-only encoder, or backbones.visual: null); drop visual_ckpt")
+        load_encoder_checkpoint(encoder, visual_ckpt, submodule="visual")
     if ckpt:
         load_encoder_checkpoint(encoder, ckpt)
     return encoder

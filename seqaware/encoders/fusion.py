@@ -44,7 +44,6 @@ import torch
 from torch import nn
 
 from seqaware.encoders.base import plain_config, SequenceEncoder
-from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.encoders.regions import GEOMETRY_DIM, BoxRegionFeatures
 from seqaware.encoders.text import TextEncoder
 from seqaware.encoders.visual import VisualBackbone, create_visual_backbone
@@ -82,7 +81,6 @@ class SingleStreamEncoder(SequenceEncoder):
         max_steps: size of the step embedding table.
         attn_implementation: ``sdpa`` (default) or ``eager``.
         gradient_checkpointing: recompute transformer activations in backward.
-        visual_ckpt: initialise the visual backbone from an image-only pretraining checkpoint.
         visual_scale: initial gain of the visual tokens' LayerNorm: ``text`` (default) matches the
             mean norm of the text model's word embeddings, so the position, token-type and step
             embeddings added to the visual tokens are not drowned (see the module docstring); a
@@ -94,7 +92,7 @@ class SingleStreamEncoder(SequenceEncoder):
                  regions: Optional[Mapping] = None, geometry: Optional[bool] = None,
                  visual_feature_dim: Optional[int] = None, step_embedding: bool = True, max_steps: int = 16,
                  visual_positions: str = "image", attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
-                 visual_ckpt: Optional[str] = None, visual_scale: str | float = "text",
+                 visual_scale: str | float = "text",
                  step_init_std: Optional[float] = None):
         super().__init__()
         if modality not in MODALITIES:
@@ -162,10 +160,6 @@ class SingleStreamEncoder(SequenceEncoder):
             self.cls_embedding = nn.Parameter(self.word_embeddings.weight[self.cls_token_id].detach().clone())
             # no text input: the word embeddings are never used (frozen, so DDP sees no unused parameters)
             self.word_embeddings.weight.requires_grad_(False)
-        if visual_ckpt:
-            if self.visual is None:
-                raise ValueError("visual_ckpt given but the encoder has no visual backbone (visual: null)")
-            load_encoder_checkpoint(self, visual_ckpt, submodule="visual")
 
     def _visual_gain(self, visual_scale: str | float) -> float:
         """Initial LayerNorm gain of the visual tokens for ``visual_scale`` (see the class docstring)."""

@@ -52,9 +52,10 @@ Checkpoints
     objective heads), from the best checkpoint of the monitored validation loss when there is one
     (``export_weights: best``), else the final weights.  Fine-tuning loads it with
     ``model.encoder.ckpt=<run folder>/encoder.pt``.
-    ``visual.ckpt`` initialises the encoder's visual tower (submodule ``visual.module``) from an
-    image-only pretraining run's ``encoder.pt`` (two-stage pipeline: ``clip_image_pretrain`` first,
-    then ``clipvil_pretrain model.visual.ckpt=...``).
+    ``model.encoder.visual_ckpt`` initialises the encoder's visual tower from an image-only
+    pretraining run's ``encoder.pt`` (two-stage pipeline: ``clip_image_pretrain`` first, then
+    ``clipvil_pretrain model.encoder.visual_ckpt=...``). Both load in
+    :func:`seqaware.encoders.create_encoder`, the one loading path of every module.
 
 Frozen parts: BatchNorm layers anywhere in the encoder (ResNet/EfficientNet visual backbones)
 stay in eval mode with frozen affine parameters when ``freeze_batchnorm`` (pretraining batches of
@@ -74,7 +75,6 @@ from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, fusion_input
 from seqaware.encoders.contract import EncoderOutput
-from seqaware.encoders.checkpoint import load_encoder_checkpoint
 from seqaware.io import atomic_open
 from seqaware.runs import best_checkpoint
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique, global_share, world_size
@@ -105,14 +105,14 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
     """Sequence-aware pretraining of a single-stream encoder (see the module docstring).
 
     Args:
-        encoder: encoder config (``_target_`` + arguments, e.g. :class:`seqaware.encoders.text.TextEncoder`);
-            an extra ``ckpt`` key initialises it from an earlier run's ``encoder.pt``.
+        encoder: encoder config (``_target_`` + arguments, normally :func:`seqaware.encoders.create_encoder`,
+            whose ``ckpt`` / ``visual_ckpt`` initialise it from earlier runs' ``encoder.pt``).
         optimizer / scheduler: as in :class:`~seqaware.modules.base.SeqawareModule`.
         objectives: ``enabled`` (an ``OBJECTIVE_SETS`` name of Wu et al. Table 3, or a list) and one
             entry of keyword arguments per objective (``mlm: {mask_prob: 0.15}``, ``smrm: {...}``);
             see ``configs/objectives/``.
-        visual: ``{ckpt: PATH, module: visual}`` initialise the encoder submodule ``module`` from
-            an image-only run's ``encoder.pt`` (or Lightning checkpoint).
+        visual: the older spelling ``{ckpt: PATH}`` of ``encoder.visual_ckpt``, accepted from configs
+            and checkpoints written before it moved.
         schedule_seed: seeds the objective turn-taking and the corruption.
         generator_scope: ``sample`` | ``rank`` (see the module docstring).
         loss_normalization: ``global`` | ``local`` (see the module docstring).
@@ -155,21 +155,18 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             "export_weights": export_weights, "encoder_file": encoder_file})
 
         enc_cfg = dict(self.hparams.encoder)
-        enc_ckpt = enc_cfg.pop("ckpt", None)
+        old_visual = (visual or {}).get("ckpt")
+        if old_visual:  # model.visual.ckpt, before it became model.encoder.visual_ckpt
+            if (visual or {}).get("module", "visual") != "visual" or enc_cfg.get("visual_ckpt"):
+                raise ValueError("model.visual.ckpt is the older spelling of model.encoder.visual_ckpt; set only "
+                                 "model.encoder.visual_ckpt (the visual tower is the encoder's 'visual' module)")
+            enc_cfg["visual_ckpt"] = old_visual
         self.encoder: SequenceEncoder = instantiate(enc_cfg, _recursive_=False) if "_target_" in enc_cfg else None
         if not isinstance(self.encoder, SequenceEncoder):
             raise ValueError(f"model.encoder must build a seqaware SequenceEncoder, got {type(self.encoder).__name__}")
-        if enc_ckpt:
-            load_encoder_checkpoint(self.encoder, enc_ckpt)
-            log.info("loaded encoder weights from %s", enc_ckpt)
-        visual = dict(self.hparams.visual or {})
-        if visual.get("ckpt"):
-            module = visual.get("module") or "visual"
-            if not isinstance(getattr(self.encoder, module, None), nn.Module):
-                raise ValueError(f"model.visual.ckpt: the encoder {type(self.encoder).__name__} has no visual tower "
-                                 f"'{module}' (a text-only encoder?); set model.visual.module or drop the ckpt")
-            load_encoder_checkpoint(self.encoder, visual["ckpt"], submodule=module)
-            log.info("initialised the encoder's %s tower from %s", module, visual["ckpt"])
+        for key in ("visual_ckpt", "ckpt"):
+            if enc_cfg.get(key):
+                log.info("initialised the encoder (%s) from %s", key, enc_cfg[key])
 
         obj_cfg = dict(self.hparams.objectives)
         enabled = obj_cfg.pop("enabled")
