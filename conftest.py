@@ -15,6 +15,15 @@ SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
 
 # tiny synthetic world used by every test that trains something
 TINY_SYNTHETIC = {"num_train": 24, "num_val": 8, "num_test": 8, "min_steps": 3, "max_steps": 5, "image_size": 64, "seed": 0}
+# a 1-layer, 32-wide BERT (random init) for runs whose encoder would be MiniLM: a Hydra override value
+TINY_BERT = ("{model_type:bert,hidden_size:32,num_hidden_layers:1,num_attention_heads:2,intermediate_size:64,"
+             "vocab_size:30522,max_position_embeddings:128,hidden_dropout_prob:0.0,attention_probs_dropout_prob:0.0}")
+
+
+def tiny_pretrain(*overrides: str) -> list[str]:
+    """Overrides that keep a pretraining experiment fast on a CPU (tiny transformer, 64-px images)."""
+    return [f"model.encoder.config={TINY_BERT}", "data.collator.image_size=64", "data.batch_size=4",
+            "data.eval_batch_size=4", *overrides]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -17,6 +17,7 @@ import torch
 from hydra.errors import InstantiationException
 
 import train
+from conftest import TINY_BERT, tiny_pretrain
 from seqaware.modules.pretraining import PretrainingModule
 from seqaware.objectives import Objective
 from seqaware.objectives.corruption import corrupt_per_sample, stable_seed
@@ -25,15 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_EXPERIMENTS = ["roberta_pretrain", "clipvil_pretrain", "visualbert_pretrain", "clip_image_pretrain"]
 EXPECTED_OBJECTIVES = {"roberta_pretrain": ["mlm"], "clipvil_pretrain": ["mlm", "isp", "smrm"],
                        "visualbert_pretrain": ["mlm", "isp", "smrm"], "clip_image_pretrain": ["isp", "pisp", "smrm"]}
-# a tiny random BERT inside every encoder (the MiniLM tokenizer's vocabulary), no dropout
-TINY_BERT = ("{model_type:bert,hidden_size:32,num_hidden_layers:1,num_attention_heads:2,intermediate_size:64,"
-             "vocab_size:30522,max_position_embeddings:128,hidden_dropout_prob:0.0,attention_probs_dropout_prob:0.0}")
-
-
-def tiny_pretrain(*overrides: str) -> list[str]:
-    """Overrides that keep a pretraining experiment fast on a CPU (tiny transformer, 64-px images)."""
-    return [f"model.encoder.config={TINY_BERT}", "data.collator.image_size=64", "data.batch_size=4",
-            "data.eval_batch_size=4", *overrides]
 
 
 def config_error(match: str):
@@ -47,20 +39,6 @@ def read_metrics(run_dir: Path) -> list[dict[str, str]]:
 
 
 # ------------------------------------------------------------------------------------------ train.py runs
-
-@pytest.mark.parametrize("experiment", [pytest.param(e, marks=[] if e == "roberta_pretrain" else [pytest.mark.slow])
-                                        for e in PRETRAIN_EXPERIMENTS])
-def test_fast_dev_run_every_pretraining_experiment(compose_train, experiment):
-    cfg = compose_train(f"experiment={experiment}", "trainer.fast_dev_run=true", *tiny_pretrain())
-    assert cfg.data.task == "pretraining" and cfg.stage == "pretrain"
-    metrics = train.run(cfg)
-    assert "train/loss" in metrics  # one step: MLM (when enabled) + the one objective drawn for it
-    for name in EXPECTED_OBJECTIVES[experiment]:  # evaluation runs every enabled objective
-        assert f"val/{name}_loss" in metrics and f"test/{name}_loss" in metrics, (name, sorted(metrics))
-        assert 0.0 <= metrics[f"test/{name}_acc"] <= 1.0
-    assert torch.isfinite(torch.tensor(metrics["test/loss"]))
-    assert (Path(cfg.paths.output_dir) / "encoder.pt").is_file()
-
 
 def test_invalid_objective_set_for_the_modality_is_a_clear_error(compose_train):
     cfg = compose_train("experiment=roberta_pretrain", "objectives=mlm_isp", *tiny_pretrain())

@@ -18,6 +18,7 @@ import torch
 from hydra.errors import InstantiationException
 
 import train
+from conftest import TINY_BERT
 from data_modules.collate import StepCollator
 from data_modules.images import ImageLoadError
 from data_modules.views import SequencingView
@@ -29,8 +30,6 @@ from seqaware.procedure import read_procedures
 ROOT = Path(__file__).resolve().parents[1]
 REGIONS = 4       # --num-boxes and data.collator.max_boxes
 DIM = 1024        # the Faster R-CNN box head
-TINY_BERT = ("{model_type:bert,hidden_size:32,num_hidden_layers:1,num_attention_heads:2,intermediate_size:64,"
-             "vocab_size:30522,max_position_embeddings:128,hidden_dropout_prob:0.0,attention_probs_dropout_prob:0.0}")
 SPLIT_SIZES = {"train": 4, "val": 2, "test": 2}
 
 

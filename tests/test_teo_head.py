@@ -1,11 +1,10 @@
-"""The pairwise TEO encoder head: CaT-Bench reading, answer mapping, end-to-end runs."""
+"""The pairwise TEO encoder head: CaT-Bench reading and answer mapping (its experiments' runs: tests/test_train.py)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-import train
 from data_modules.teo_encoder_pairs import read_catbench
 
 
@@ -50,17 +49,3 @@ def test_shared_catbench_sample_keeps_every_gold_label(shared_data):
     # (evaluation keeps one record per id; with the number alone 1,404 questions scored as 478)
     assert len({i["pair_id"] for i in items}) == 1404
     assert [i["answer"] for i in items] == [q["label"] for q in raw]
-
-
-@pytest.mark.shared_data
-def test_teo_head_rfg_fast_dev_run_scores_catbench(compose_train):
-    cfg = compose_train("experiment=teo_head_rfg", "trainer.fast_dev_run=true", "data.batch_size=8")
-    metrics = train.run(cfg)
-    for key in ("catbench_accuracy", "catbench_f1_yes", "catbench_macro_f1", "majority_accuracy"):
-        assert 0.0 <= metrics[f"test/{key}"] <= 1.0
-
-
-def test_teo_head_synthetic_fast_dev_run(compose_train):
-    cfg = compose_train("experiment=teo_head_synthetic", "trainer.fast_dev_run=true", "data.batch_size=8")
-    metrics = train.run(cfg)
-    assert "test/teo_consistency_accuracy" in metrics and "test/majority_consistency_accuracy" in metrics

@@ -261,16 +261,13 @@ def test_named_checkpoint_fails_fast_offline(monkeypatch):
     assert time.monotonic() - start < 10
 
 
-def test_train_py_fast_dev_run(compose_train):
-    import train
-
-    cfg = compose_train("experiment=teo_lora_internvl", "model=internvl_tiny", "trainer.fast_dev_run=true")
+def test_teo_lora_experiments_compose_to_the_mateo_recipe(compose_train):
+    cfg = compose_train("experiment=teo_lora_internvl", "model=internvl_tiny")
     assert cfg.callbacks.model_checkpoint.monitor == "val/teo_consistency_accuracy"
     assert cfg.model.optimizer.lr == 1e-5 and cfg.trainer.max_epochs == 1  # hparams/mateo
-    metrics = train.run(cfg)
-    assert metrics["test/teo_num_pairs"] >= 1
-    assert 0.0 <= metrics["test/teo_consistency_accuracy"] <= 1.0
-    assert "val/teo_consistency_accuracy" in metrics
+    cfg = compose_train("experiment=teo_lora_synthetic")
+    assert cfg.model.name_or_path == cfg.data.processor == "tiny-minilm"
+    assert cfg.data.max_length == 512 and cfg.trainer.accelerator == "cpu"
 
 
 def test_mateo_fast_and_modality_sweep_compose(compose_train):
@@ -425,14 +422,3 @@ def test_prompt_longer_than_the_minilm_positions_is_a_clear_error(minilm_dm):
     pair["step_a"] = dict(pair["step_a"], text="stack the blocks " * 200)
     with pytest.raises(ValueError, match="data.max_length=512"):
         collator([pair])
-
-
-def test_teo_lora_synthetic_fast_dev_run(compose_train):
-    import train
-
-    cfg = compose_train("experiment=teo_lora_synthetic", "trainer.fast_dev_run=true", "data.eval_batch_size=4")
-    assert cfg.model.name_or_path == cfg.data.processor == "tiny-minilm"
-    assert cfg.data.max_length == 512 and cfg.trainer.accelerator == "cpu"
-    metrics = train.run(cfg)
-    assert metrics["test/teo_num_pairs"] >= 1
-    assert 0.0 <= metrics["test/teo_consistency_accuracy"] <= 1.0

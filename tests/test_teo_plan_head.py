@@ -1,15 +1,13 @@
 """The plan-aware TEO head: plan windows and step positions, mirrored presentations, CaT-Bench
-metrics against sklearn, the answers-file scorer and end-to-end runs."""
+metrics against sklearn and the answers-file scorer (its experiments' runs: tests/test_train.py)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
 
-import train
 from data_modules.tasks.teo import teo_training_pairs
 from data_modules.teo_encoder_pairs import read_catbench
 from data_modules.teo_plans import PlanCollator, catbench_plan_items, plan_item, plan_windows
@@ -21,8 +19,6 @@ from seqaware.procedure import Procedure, Step
 
 TINY_BERT = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1,
              "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 512}
-TINY_ENCODER_OVERRIDE = ("model.encoder.config={model_type:bert,vocab_size:30522,hidden_size:32,num_hidden_layers:1,"
-                         "num_attention_heads:2,intermediate_size:64}")
 
 
 def tiny_module(**kwargs) -> TeoPlanHeadModule:
@@ -252,27 +248,3 @@ def test_rfg_rows_answer_from_the_flow_graph(shared_data):
     rows = score(questions, rfg_answers(questions, shared_data / "rfg" / "r-100"))
     assert rows["r-FG path"]["recall"] == 1.0 and rows["r-FG path"]["invalid_rate"] == 0.0
     assert rows["r-FG direct"]["invalid_rate"] == 0.0 and rows["r-FG direct"]["recall"] < rows["r-FG path"]["recall"]
-
-
-# ---------------------------------------------------------------- end to end
-@pytest.mark.shared_data
-def test_teo_plan_head_rfg_fast_dev_run_prints_catbench_keys(compose_train, capsys):
-    cfg = compose_train("experiment=teo_plan_head_rfg", "trainer.fast_dev_run=true", TINY_ENCODER_OVERRIDE,
-                        "model.step_dim=16", "model.pair_hidden=16", "model.step_heads=2")
-    metrics = train.run(cfg)
-    for key in ("catbench_accuracy", "catbench_f1_yes", "catbench_macro_f1", "catbench_twin_consistency"):
-        assert 0.0 <= metrics[f"test/{key}"] <= 1.0
-    assert metrics["test/catbench_twin_consistency"] == 1.0           # mirrored: twins always agree
-    out = capsys.readouterr().out
-    assert "test/catbench_f1_yes" in out and "TEST_METRICS_JSON" in out
-    lines = (Path(cfg.paths.output_dir) / "predictions_test.jsonl").read_text().splitlines()
-    predictions = [json.loads(line) for line in lines]
-    assert len({p["id"] for p in predictions}) == len(predictions) == int(metrics["test/n"])
-
-
-def test_teo_plan_head_synthetic_fast_dev_run(compose_train):
-    cfg = compose_train("experiment=teo_plan_head_synthetic", "trainer.fast_dev_run=true", TINY_ENCODER_OVERRIDE,
-                        "model.step_dim=16", "model.pair_hidden=16", "model.step_heads=2")
-    metrics = train.run(cfg)
-    assert "test/teo_consistency_accuracy" in metrics and "test/majority_consistency_accuracy" in metrics
-    assert 0.05 <= metrics["test/threshold"] <= 0.95

@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import train
-from test_pretraining import tiny_pretrain
+from conftest import tiny_pretrain
 from test_train import TINY_EXTRA
 
 
