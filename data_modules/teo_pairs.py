@@ -10,12 +10,12 @@ Pairs come from :mod:`data_modules.tasks.teo` (MATEO construction):
 Each pair becomes a chat prompt + target from ``configs/prompts/teo.yaml`` (one home for the wording):
 
 * ``prompt: finetune`` (default) -- MATEO's fine-tuning prompt (appendix A.1 Table 6, the Instructions
-  task of section 5.4: :func:`~seqaware.teo.prompts.build_teo_finetune_prompt`); ``prompt: eval`` -- the
-  evaluation prompt of ``strategy`` (Table 5, :func:`~seqaware.teo.prompts.build_teo_prompt`), a
+  task of section 5.4: :func:`~seqaware.vlm.prompts.build_teo_finetune_prompt`); ``prompt: eval`` -- the
+  evaluation prompt of ``strategy`` (Table 5, :func:`~seqaware.vlm.prompts.build_teo_prompt`), a
   seqaware option;
 * ``target_format: mateo`` (default) -- Table 6's answer ``"Q1: The answer is: Yes.\\nQ2: The answer
   is: No.\\nQ3: The answer is: No."``; ``short`` -- seqaware's earlier ``"Q1: Yes\\nQ2: No\\nQ3: No"``
-  (:func:`~seqaware.teo.prompts.teo_answer`).
+  (:func:`~seqaware.vlm.prompts.teo_answer`).
 
 :class:`TeoChatCollator` renders prompt (+ answer) with the processor's chat template and runs the
 processor once per batch. Training batches are right-padded and carry ``labels`` equal to
@@ -40,9 +40,9 @@ from data_modules.images import ImageLoadError, check_procedure_images, open_rgb
 from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs
 from data_modules.views import EpochSampler
 from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
-from seqaware.teo import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
-from seqaware.teo.prompts import TEO_TARGET_FORMATS, build_teo_finetune_prompt, teo_answer
-from seqaware.teo.vlm import load_processor
+from seqaware.vlm import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
+from seqaware.vlm.prompts import TEO_TARGET_FORMATS, build_teo_finetune_prompt, teo_answer
+from seqaware.vlm.models import load_processor
 
 log = logging.getLogger(__name__)
 

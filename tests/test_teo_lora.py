@@ -15,8 +15,8 @@ from data_modules.teo_pairs import IGNORE_INDEX, LengthBucketBatchSampler, TeoCh
 from seqaware import runs
 from seqaware.modules.teo_lora import TeoLoraModule
 from seqaware.pretrained import PretrainedUnavailableError
-from seqaware.teo.prompts import prompt_text
-from seqaware.teo.vlm import build_tiny_internvl, internvl_config_8b, load_internvl
+from seqaware.vlm.prompts import prompt_text
+from seqaware.vlm.models import build_tiny_internvl, internvl_config_8b, load_internvl
 
 
 @pytest.fixture(scope="module")
@@ -387,7 +387,7 @@ def test_minilm_decoder_is_causal_and_left_padding_safe(minilm_module):
 
 
 def test_minilm_labels_decode_to_a_parsable_answer(minilm_dm):
-    from seqaware.teo import parse_teo_answer
+    from seqaware.vlm import parse_teo_answer
 
     batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].pairs[:4])
     tok = minilm_dm.processor.tokenizer

@@ -5,7 +5,7 @@ An instance (built by ``data_modules.tasks.coherence``) has ``candidates`` (imag
 indices that belong to no placeholder), optionally ``source`` (the domain: WikiHow, StoryBird,
 Cooking, Science) and ``difficulty``. A prediction is a list with one candidate index per
 placeholder (0-based, as the App. D.1 prompt asks), e.g. from
-:func:`seqaware.teo.parser.parse_coherence_answer`.
+:func:`seqaware.vlm.parser.parse_coherence_answer`.
 
 **Valid prediction**: a list/tuple of ``len(gold)`` integers, each in ``[0, len(candidates))``,
 with no candidate used twice (App. D.1: "The same image index can only be used once", "exactly
