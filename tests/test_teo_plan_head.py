@@ -13,7 +13,7 @@ import train
 from data_modules.tasks.teo import teo_training_pairs
 from data_modules.teo_encoder_pairs import read_catbench
 from data_modules.teo_plans import PlanCollator, catbench_plan_items, plan_item, plan_windows
-from seqaware.metrics.iso import binary_report, choose_threshold, twin_consistency
+from seqaware.metrics.classification import binary_report, choose_threshold, twin_consistency
 from seqaware.modules.teo_plan_head import SWAP, TeoPlanHeadModule, relations
 from seqaware.objectives.base import EncoderOutput
 from seqaware.pretrained import load_tokenizer

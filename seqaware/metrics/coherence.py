@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from seqaware.metrics.iso import format_table
+from seqaware.metrics.classification import format_table
 
 COHERENCE_COLUMNS = (("exact_match", "Exact"), ("partial_score", "Partial"),
                      ("reject_accuracy", "Reject"), ("unparsable_rate", "unparsable"), ("invalid_rate", "invalid"))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from seqaware.metrics.iso import format_table, majority_label, per_class_prf, random_labels
+from seqaware.metrics.classification import format_table, majority_label, per_class_prf, random_labels
 
 TEO_LABELS = ("before", "after", "independent")
 OTHER = "other"

@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
-from seqaware.metrics.iso import binary_rows, format_table, twin_consistency
+from seqaware.metrics.classification import binary_rows, format_table, twin_consistency
 from seqaware.metrics.teo import teo_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 

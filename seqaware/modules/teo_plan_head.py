@@ -22,7 +22,7 @@ Decision rule.  ``p_dep = p(before) + p(after)``; a pair is dependent when ``p_d
 and then ``before`` if ``p(before) > p(after)`` (ties: ``before`` when ``a < b``), else
 ``independent``.  With ``threshold: val`` the threshold is chosen at every validation epoch on the
 validation pairs' yes/no question "does step b depend on step a?" (original presentations: gold yes
-for ``before``, no for ``independent``), maximising macro F1 (:func:`seqaware.metrics.iso.choose_threshold`),
+for ``before``, no for ``independent``), maximising macro F1 (:func:`seqaware.metrics.classification.choose_threshold`),
 and stored in the ``decision_threshold`` buffer, so a checkpoint carries the threshold of its own
 validation; a number fixes it.  ``class_weights`` (before, after, independent) weight the
 cross-entropy.
@@ -48,7 +48,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps
-from seqaware.metrics.iso import binary_rows, choose_threshold, format_table, twin_consistency
+from seqaware.metrics.classification import binary_rows, choose_threshold, format_table, twin_consistency
 from seqaware.metrics.teo import teo_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
