@@ -25,13 +25,12 @@ from data_modules.adapters.catbench import check_question, check_unique, questio
 from data_modules.adapters.common import ProblemLog, iter_json_records
 from data_modules.collate import first_sentences
 from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs
+from seqaware.metrics.teo import TEO_LABEL_ID
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure
 
 log = logging.getLogger(__name__)
 
-LABELS = ("before", "after", "independent")
-LABEL_ID = {name: i for i, name in enumerate(LABELS)}
 CATBENCH_FIELDS = ("steps", "first_step_idx", "second_step_idx", "direction", "label")
 
 
@@ -91,7 +90,7 @@ class PairCollator:
         enc = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_tokens, return_tensors="pt")
         n = len(items)
         return {"input_ids": enc["input_ids"].view(n, 2, -1), "attention_mask": enc["attention_mask"].view(n, 2, -1),
-                "labels": torch.tensor([LABEL_ID.get(it.get("label"), -100) for it in items]),
+                "labels": torch.tensor([TEO_LABEL_ID.get(it.get("label"), -100) for it in items]),
                 "meta": items}
 
 

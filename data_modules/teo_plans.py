@@ -29,7 +29,8 @@ import torch
 
 from data_modules.collate import first_sentences
 from data_modules.tasks.teo import teo_eval_sets, teo_pairs, teo_training_pairs
-from data_modules.teo_encoder_pairs import LABEL_ID, TeoEncoderPairsDataModule
+from data_modules.teo_encoder_pairs import TeoEncoderPairsDataModule
+from seqaware.metrics.teo import TEO_LABEL_ID
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure
 
@@ -134,7 +135,7 @@ class PlanCollator:
         labels = torch.full((len(items), n_max, n_max), -100, dtype=torch.long)
         for k, item in enumerate(items):
             for a, b, label in item.get("labels", ()):
-                labels[k, a, b] = LABEL_ID[label]
+                labels[k, a, b] = TEO_LABEL_ID[label]
         return {"input_ids": input_ids, "attention_mask": attention_mask, "window_step": window_step,
                 "window_owner": window_owner, "num_steps": torch.tensor([len(item["steps"]) for item in items]),
                 "labels": labels, "meta": items}

@@ -31,11 +31,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from seqaware import dag as dag_utils
+from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABELS
 from seqaware.procedure import Procedure, Step
 
-TEO_LABELS = ("before", "after", "independent")
 SPLIT_NAMES = ("train", "val", "test")
-_SWAPPED_LABEL = {"before": "after", "after": "before", "independent": "independent"}
 
 
 def _step_payload(step: Step) -> dict[str, Any]:
@@ -88,7 +87,7 @@ def swap_pair(pair: dict[str, Any]) -> dict[str, Any]:
     swapped = dict(pair)
     swapped["a"], swapped["b"] = pair["b"], pair["a"]
     swapped["step_a"], swapped["step_b"] = pair["step_b"], pair["step_a"]
-    swapped["label"] = _SWAPPED_LABEL[pair["label"]]
+    swapped["label"] = SWAPPED_LABEL[pair["label"]]
     swapped["pair_id"] = f"{pair['pair_id']}:swapped"
     return swapped
 

@@ -35,6 +35,10 @@ from typing import Any, Mapping, Sequence
 from seqaware.metrics.classification import format_table, majority_label, per_class_prf, random_labels
 
 TEO_LABELS = ("before", "after", "independent")
+"""The three TEO classes, in the order every TEO model and head uses for its class ids (the one definition)."""
+TEO_LABEL_ID = {label: i for i, label in enumerate(TEO_LABELS)}
+SWAPPED_LABEL = {"before": "after", "after": "before", "independent": "independent"}
+"""The label of a pair presented the other way round (step B first)."""
 OTHER = "other"
 TEO_COLUMNS = (
     ("consistency_accuracy", "Cons. Acc"), ("consistency_dependent", "Cons. dep"),

@@ -49,13 +49,12 @@ from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps
 from seqaware.metrics.classification import binary_rows, choose_threshold, format_table, twin_consistency
-from seqaware.metrics.teo import teo_rows, teo_table
+from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, teo_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
 
-LABELS = ("before", "after", "independent")
-SWAP = [1, 0, 2]  # before <-> after
+SWAP = [TEO_LABEL_ID[SWAPPED_LABEL[label]] for label in TEO_LABELS]  # class ids with before <-> after: [1, 0, 2]
 NUM_POSITION_FEATURES = 5
 CATBENCH_COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R yes"), ("f1_yes", "dependent F1"),
                     ("macro_f1", "macro F1"), ("twin_consistency", "twin consistency"), ("n", "n"))
@@ -123,8 +122,8 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         super().__init__()
         if not (threshold == "val" or (isinstance(threshold, (int, float)) and 0.0 < float(threshold) < 1.0)):
             raise ValueError(f"model.threshold must be 'val' or a number in (0, 1), got {threshold!r}")
-        if class_weights is not None and len(class_weights) != len(LABELS):
-            raise ValueError(f"model.class_weights needs {len(LABELS)} weights (before, after, independent), got {class_weights!r}")
+        if class_weights is not None and len(class_weights) != len(TEO_LABELS):
+            raise ValueError(f"model.class_weights needs {len(TEO_LABELS)} weights (before, after, independent), got {class_weights!r}")
         self.save_hyperparameters({
             "encoder": as_container(encoder), "optimizer": as_container(optimizer), "scheduler": as_container(scheduler),
             "encoder_trainable": encoder_trainable, "step_dim": step_dim, "step_layers": step_layers,
@@ -142,7 +141,7 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
                                            batch_first=True, norm_first=True)
         self.step_encoder = nn.TransformerEncoder(layer, step_layers, enable_nested_tensor=False) if step_layers else None
         self.pair_mlp = nn.Sequential(nn.Linear(4 * step_dim + NUM_POSITION_FEATURES, pair_hidden), nn.GELU(),
-                                      nn.Dropout(dropout), nn.Linear(pair_hidden, len(LABELS)))
+                                      nn.Dropout(dropout), nn.Linear(pair_hidden, len(TEO_LABELS)))
         initial = 0.5 if threshold == "val" else float(threshold)
         self.register_buffer("decision_threshold", torch.tensor(initial))
         if class_weights is not None:
