@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from data_modules.adapters.catbench import check_question, check_unique, question_id
 from data_modules.adapters.common import ProblemLog, iter_json_records
 from data_modules.collate import first_sentences
-from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs
+from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs, twin_presentations
 from seqaware.metrics.teo import TEO_LABEL_ID
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure
@@ -154,8 +154,7 @@ class TeoEncoderPairsDataModule(pl.LightningDataModule):
             sets = teo_eval_sets(splits.get(name, []))
             self.eval_sets[name] = sets
             # each pair next to its swapped presentation, so a partial pass (limit_val_batches) scores whole pairs
-            self.items[name] = [_pair_item(p, s) for o, w in zip(sets["original"], sets["swapped"])
-                                for p, s in ((o, "original"), (w, "swapped"))]
+            self.items[name] = [_pair_item(p, s) for s, p in twin_presentations(sets)]
         if questions is not None:
             self.items["test"] = [dict(q, set="catbench") for q in questions]
         for name, items in self.items.items():

@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data_modules.images import ImageLoadError, check_procedure_images, open_rgb
-from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs
+from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs, twin_presentations
 from data_modules.views import EpochSampler
 from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
 from seqaware.vlm import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
@@ -354,12 +354,9 @@ class TeoPairsDataModule(pl.LightningDataModule):
             if split == "train":
                 pairs = [dict(p, set="train") for p in teo_training_pairs(procs, seed=self.seed)[: self.max_train_pairs]]
             else:
-                sets = teo_eval_sets(procs)
-                keep = len(sets["original"]) if self.max_eval_pairs is None else self.max_eval_pairs
                 # each original pair directly followed by its swapped twin: any prefix of the loader
                 # (limit_val_batches, fast_dev_run) holds complete pairs for consistency accuracy
-                pairs = [dict(p, set=name) for o, s in zip(sets["original"][:keep], sets["swapped"][:keep])
-                         for name, p in (("original", o), ("swapped", s))]
+                pairs = [dict(p, set=name) for name, p in twin_presentations(teo_eval_sets(procs), self.max_eval_pairs)]
             pairs = [resolve_pair_images(p, roots[p["procedure_id"]]) for p in pairs]
             self.datasets[split] = TeoPairDataset(pairs, name=f"{split} TEO pairs")
             log.info("TEO %s pairs: %d %s", split, len(pairs), teo_class_counts(pairs))

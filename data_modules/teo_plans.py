@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from data_modules.collate import first_sentences
-from data_modules.tasks.teo import teo_eval_sets, teo_pairs, teo_training_pairs
+from data_modules.tasks.teo import teo_eval_sets, teo_pairs, teo_training_pairs, twin_presentations
 from data_modules.teo_encoder_pairs import TeoEncoderPairsDataModule
 from seqaware.metrics.teo import TEO_LABEL_ID
 from seqaware.pretrained import load_tokenizer
@@ -147,9 +147,7 @@ def plan_item(procedure: Procedure, split: str, seed: int = 0) -> dict[str, Any]
     if split == "train":
         item["labels"] = [(p["a"], p["b"], p["label"]) for p in teo_training_pairs([procedure], seed=seed)]
     else:
-        sets = teo_eval_sets([procedure])
-        item["pairs"] = [dict(p, set=name) for o, w in zip(sets["original"], sets["swapped"])
-                         for p, name in ((o, "original"), (w, "swapped"))]
+        item["pairs"] = [dict(p, set=name) for name, p in twin_presentations(teo_eval_sets([procedure]))]
         # validation also reports the loss on the same labels the model is trained on
         item["labels"] = [(p["a"], p["b"], p["label"]) for p in item["pairs"]]
     return item

@@ -102,6 +102,18 @@ def teo_eval_sets(procedures: Iterable[Procedure]) -> dict[str, list[dict[str, A
     return {"original": original, "swapped": [swap_pair(p) for p in original]}
 
 
+def twin_presentations(eval_sets: dict[str, list[dict[str, Any]]], limit: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``(set name, pair)`` of the first ``limit`` original pairs (None: all), each directly followed
+    by its swapped twin: ``("original", p0), ("swapped", p0'), ("original", p1), ...``.
+
+    The order the data modules evaluate in: any prefix of it (``limit_val_batches``,
+    ``fast_dev_run``) holds complete pairs but at most one, which
+    :func:`seqaware.metrics.teo.complete_pairs` leaves out of the scores.
+    """
+    return [(name, p) for o, s in zip(eval_sets["original"][:limit], eval_sets["swapped"][:limit])
+            for name, p in (("original", o), ("swapped", s))]
+
+
 def teo_training_pairs(procedures: Iterable[Procedure], seed: int = 0) -> list[dict[str, Any]]:
     """Fine-tuning pairs: every dependent pair in both presentations, independent pairs once.
 

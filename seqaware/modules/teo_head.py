@@ -25,7 +25,7 @@ from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
 from seqaware.metrics.classification import binary_rows, format_table, twin_consistency
-from seqaware.metrics.teo import TEO_LABELS, teo_rows, teo_table
+from seqaware.metrics.teo import TEO_LABELS, complete_pairs, teo_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
@@ -120,13 +120,11 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
         original = [(item["pair"], pred) for item, pred in outputs if item.get("set") == "original"]
         swapped = [(item["pair"], pred) for item, pred in outputs if item.get("set") == "swapped"]
         # consistency needs both presentations of a pair: with limit_*_batches some may be unseen
-        key = lambda pair: (pair["procedure_id"], min(pair["a"], pair["b"]), max(pair["a"], pair["b"]))  # noqa: E731
-        both = {key(p) for p, _ in original} & {key(p) for p, _ in swapped}
-        if len(both) < len(original) or len(both) < len(swapped):
+        complete_original, complete_swapped = complete_pairs(original, swapped, pair=lambda entry: entry[0])
+        if len(complete_original) < len(original) or len(complete_swapped) < len(swapped):
             log.warning("%s: %d of %d pairs were seen in both presentations; scoring those only",
-                        stage, len(both), max(len(original), len(swapped)))
-            original = [(p, y) for p, y in original if key(p) in both]
-            swapped = [(p, y) for p, y in swapped if key(p) in both]
+                        stage, len(complete_original), max(len(original), len(swapped)))
+            original, swapped = complete_original, complete_swapped
         if not original:
             return {}
         rows = teo_rows([p for p, _ in original], [p for p, _ in swapped],

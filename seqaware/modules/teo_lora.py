@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from seqaware.metrics.teo import teo_report
+from seqaware.metrics.teo import complete_pairs, teo_report
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 from seqaware.runs import best_checkpoint
 from seqaware.vlm import parse_teo_answer
@@ -163,12 +163,10 @@ class TeoLoraModule(SeqawareModule):
     def _report(self, stage: str) -> dict[str, float]:
         records = self._gathered()
         self._eval_buffer = []
-        original = [r for r in records if r["set"] == "original"]
-        swapped_ids = {r["pair_id"] for r in records if r["set"] == "swapped"}
         # limit_*_batches may cut a pair's swapped twin off: score complete pairs only
-        original = [r for r in original if f"{r['pair_id']}:swapped" in swapped_ids]
-        keep = {r["pair_id"] for r in original} | {f"{r['pair_id']}:swapped" for r in original}
-        swapped = [r for r in records if r["set"] == "swapped" and r["pair_id"] in keep]
+        original, swapped = complete_pairs([r for r in records if r["set"] == "original"],
+                                           [r for r in records if r["set"] == "swapped"])
+        keep = {r["pair_id"] for r in original + swapped}
         if not original:
             raise RuntimeError(f"{stage}: no complete original+swapped TEO pair was evaluated; "
                                "evaluate more batches (the loader interleaves each pair with its swapped twin)")

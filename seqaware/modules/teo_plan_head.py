@@ -49,7 +49,7 @@ from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps
 from seqaware.metrics.classification import binary_rows, choose_threshold, format_table, twin_consistency
-from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, teo_rows, teo_table
+from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, complete_pairs, teo_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
@@ -284,10 +284,8 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         binary = binary_rows(gold, {"plan head": answers})["plan head"]
         self.log_dict({f"{stage}/pair_{k}": float(binary[key]) for k, key in
                        (("accuracy", "accuracy"), ("f1_yes", "f1"), ("macro_f1", "macro_f1"))}, sync_dist=False)
-        key = lambda pair: (pair["procedure_id"], min(pair["a"], pair["b"]), max(pair["a"], pair["b"]))  # noqa: E731
-        both = {key(r["pair"]) for r in original} & {key(r["pair"]) for r in swapped}
-        orig = [(r["pair"], y) for r, y in zip(original, rel_original) if key(r["pair"]) in both]
-        swap = [(r["pair"], y) for r, y in zip(swapped, rel_swapped) if key(r["pair"]) in both]
+        orig, swap = complete_pairs([(r["pair"], y) for r, y in zip(original, rel_original)],
+                                    [(r["pair"], y) for r, y in zip(swapped, rel_swapped)], pair=lambda entry: entry[0])
         if len(orig) < len(original):
             log.warning("%s: %d of %d pairs were seen in both presentations; TEO scores use those only",
                         stage, len(orig), len(original))
