@@ -5,8 +5,9 @@ of its pairs scored from one encoding of the plan.
   builds them (MATEO sec. 5.4: every direct dependency in both presentations, ``before`` and
   ``after``, independent pairs once; pairs joined only through a longer path are not used);
 * val / test procedures: the plan's original and swapped TEO sets (:func:`teo_eval_sets`);
-* test with ``eval_path``: CaT-Bench questions (read by :func:`read_catbench`) grouped by plan: the
-  model sees the question's ``steps`` list as the plan and answers every question of it.
+* test with ``eval_path``: CaT-Bench questions (read by
+  :func:`data_modules.adapters.catbench.read_catbench`) grouped by plan: the model sees the
+  question's ``steps`` list as the plan and answers every question of it.
 
 Procedures, held-out CaT-Bench plans and the options are those of
 :class:`~data_modules.teo_encoder_pairs.TeoEncoderPairsDataModule`, which this module extends.
@@ -154,8 +155,9 @@ def plan_item(procedure: Procedure, split: str, seed: int = 0) -> dict[str, Any]
 
 
 def catbench_plan_items(questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """CaT-Bench questions (:func:`read_catbench` items) grouped into plans: one item per distinct
-    ``steps`` list, its questions as the pairs to score (``a`` / ``b`` = ``first`` / ``second``)."""
+    """CaT-Bench questions (:func:`~data_modules.adapters.catbench.read_catbench` items) grouped into
+    plans: one item per distinct ``steps`` list, its questions as the pairs to score (``a`` / ``b`` =
+    ``first`` / ``second``)."""
     plans: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
     for q in questions:
         plans[tuple(q["steps"])].append(q)

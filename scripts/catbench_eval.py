@@ -48,8 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from data_modules.adapters.catbench import question_id  # noqa: E402
-from data_modules.teo_encoder_pairs import read_catbench  # noqa: E402
+from data_modules.adapters.catbench import question_id, read_catbench  # noqa: E402
 from seqaware.metrics.classification import binary_rows, format_table, twin_consistency  # noqa: E402
 
 COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R yes"), ("f1", "dependent F1"),
