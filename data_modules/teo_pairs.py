@@ -40,9 +40,8 @@ from data_modules.images import ImageLoadError, check_procedure_images, open_rgb
 from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs, twin_presentations
 from data_modules.views import EpochSampler
 from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
-from seqaware.vlm import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
-from seqaware.vlm.prompts import TEO_TARGET_FORMATS, build_teo_finetune_prompt, teo_answer
-from seqaware.vlm.models import load_processor
+from seqaware.vlm.prompts import (MODALITIES, QUESTION_STRATEGIES, TEO_TARGET_FORMATS, build_teo_finetune_prompt,
+                                  build_teo_prompt, teo_answer)
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +267,10 @@ class TeoPairsDataModule(pl.LightningDataModule):
 
     Args:
         source: callable returning ``{split: [Procedure]}`` (``data_modules.sources``: synthetic or JSONL).
-        processor: ``tiny`` or an InternVL checkpoint name/folder (normally ``${model.name_or_path}``).
+        processor: the model's processor (``apply_chat_template`` + ``__call__``), or a callable without
+            arguments that builds it on first use: ``configs/data/teo_pairs.yaml`` gives
+            :func:`seqaware.vlm.models.load_processor` of ``${model.name_or_path}`` (Hydra ``_partial_``).
+            This module builds no model part itself; without a processor only ``setup`` works.
         modality: ``image`` | ``text`` | ``image_text``.
         strategy: the prompt strategy (``instructions``; with ``prompt=eval`` any Yes/No strategy).
         prompt: ``finetune`` (MATEO Table 6, default) | ``eval`` (Table 5 prompt of ``strategy``).
@@ -289,7 +291,7 @@ class TeoPairsDataModule(pl.LightningDataModule):
             modality shows images).
     """
 
-    def __init__(self, source: Callable[..., dict[str, list[Procedure]]], processor: str = "tiny",
+    def __init__(self, source: Callable[..., dict[str, list[Procedure]]], processor: Any = None,
                  modality: str = "image_text", strategy: str = "instructions", resplit: Sequence[float] | None = None,
                  batch_size: int = 1, eval_batch_size: int = 8, bucket_by_length: bool = False, bucket_factor: int = 50,
                  max_length: int | None = None, max_train_pairs: int | None = None, max_eval_pairs: int | None = None,
@@ -303,7 +305,7 @@ class TeoPairsDataModule(pl.LightningDataModule):
         self.image_checks = {"allow_outside": allow_outside_images, "cache_dir": image_check_cache,
                              "decode": verify_images and modality in ("image", "image_text")}
         self.source = source
-        self.processor_name = processor
+        self._processor_source = processor
         self.modality, self.strategy = modality, strategy
         self.resplit = list(resplit) if resplit is not None else None
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
@@ -321,8 +323,13 @@ class TeoPairsDataModule(pl.LightningDataModule):
 
     @property
     def processor(self) -> Any:
+        """The processor given to the module (built by its factory on first use)."""
         if self._processor is None:
-            self._processor = load_processor(self.processor_name)
+            given = self._processor_source
+            if given is None:
+                raise ValueError("data.processor is not set: the TEO pairs need the model's processor "
+                                 "(configs/data/teo_pairs.yaml builds it from model.name_or_path)")
+            self._processor = given if hasattr(given, "apply_chat_template") else given()
         return self._processor
 
     def collator(self, train: bool) -> TeoChatCollator:

@@ -16,14 +16,14 @@ from seqaware import runs
 from seqaware.modules.teo_lora import TeoLoraModule
 from seqaware.pretrained import PretrainedUnavailableError
 from seqaware.vlm.prompts import prompt_text
-from seqaware.vlm.models import build_tiny_internvl, internvl_config_8b, load_internvl
+from seqaware.vlm.models import build_tiny_internvl, internvl_config_8b, load_internvl, load_processor
 
 
 @pytest.fixture(scope="module")
 def teo_dm(tmp_path_factory) -> TeoPairsDataModule:
     cache = tmp_path_factory.mktemp("teo_cache")
     source = partial(synthetic_source, str(cache / "synthetic"), progress=False, **TINY_SYNTHETIC)
-    dm = TeoPairsDataModule(source, processor="tiny", modality="image_text", batch_size=4, eval_batch_size=4)
+    dm = TeoPairsDataModule(source, processor=load_processor("tiny"), modality="image_text", batch_size=4, eval_batch_size=4)
     dm.setup()
     return dm
 
@@ -333,7 +333,7 @@ def minilm_module() -> TeoLoraModule:
 def minilm_dm(tmp_path_factory) -> TeoPairsDataModule:
     cache = tmp_path_factory.mktemp("teo_minilm_cache")
     source = partial(synthetic_source, str(cache / "synthetic"), progress=False, **TINY_SYNTHETIC)
-    dm = TeoPairsDataModule(source, processor="tiny-minilm", modality="text", batch_size=4, eval_batch_size=4,
+    dm = TeoPairsDataModule(source, processor=load_processor("tiny-minilm"), modality="text", batch_size=4, eval_batch_size=4,
                             max_length=512)
     dm.setup()
     return dm
@@ -430,7 +430,7 @@ def test_teo_lora_synthetic_fast_dev_run(compose_train):
     import train
 
     cfg = compose_train("experiment=teo_lora_synthetic", "trainer.fast_dev_run=true", "data.eval_batch_size=4")
-    assert cfg.model.name_or_path == cfg.data.processor == "tiny-minilm"
+    assert cfg.model.name_or_path == cfg.data.processor.name_or_path == "tiny-minilm"
     assert cfg.data.max_length == 512 and cfg.trainer.accelerator == "cpu"
     metrics = train.run(cfg)
     assert metrics["test/teo_num_pairs"] >= 1
