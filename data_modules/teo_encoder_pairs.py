@@ -14,64 +14,21 @@ sentence pair, a 3-way label, and CaT-Bench yes/no questions as the test set.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from data_modules.adapters.catbench import check_question, check_unique, question_id
-from data_modules.adapters.common import ProblemLog, iter_json_records
+from data_modules.adapters.catbench import read_catbench
 from data_modules.collate import first_sentences
 from data_modules.sampling import KeyedList, epoch_loader
-from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs
+from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs, twin_presentations
+from seqaware.metrics.teo import TEO_LABEL_ID
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure
 
 log = logging.getLogger(__name__)
-
-LABELS = ("before", "after", "independent")
-LABEL_ID = {name: i for i, name in enumerate(LABELS)}
-CATBENCH_FIELDS = ("steps", "first_step_idx", "second_step_idx", "direction", "label")
-
-
-def read_catbench(path: str | Path) -> list[dict[str, Any]]:
-    """CaT-Bench questions as pair items.
-
-    Each item keeps the presented pair (``text_a`` / ``text_b``, see the module docstring), the gold
-    ``answer``, ``direction``, and the whole plan (``steps``, 0-based ``first`` / ``second`` step
-    indices, ``plan_idx``) for plan-aware models (:mod:`data_modules.teo_plans`).
-
-    Every line is checked like the CaT-Bench adapter checks it
-    (:func:`data_modules.adapters.catbench.check_question`: a JSON object, UTF-8, ``steps`` a list of
-    strings, integer step indices inside it, yes/no label, before/after direction); all problems
-    are raised together as ``file:line: plan P question Q: field: reason``.
-    """
-    items = []
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data.eval_path: no such file: {path}")
-    log = ProblemLog()
-    seen: dict[str, tuple[Path, int]] = {}
-    for line_no, q in iter_json_records(path, log):
-        if not check_question(q, log, path, line_no, required=CATBENCH_FIELDS):
-            continue
-        if "question_idx" not in q:  # files without CaT-Bench's numbering: the line stands in for it
-            q = dict(q, question_idx=f"L{line_no}")
-        if not check_unique(q, seen, log, path, line_no):
-            continue
-        qid = question_id(q)
-        direction, label = q["direction"].strip().lower(), q["label"].strip().lower()
-        first, second = q["first_step_idx"], q["second_step_idx"]
-        a, b = (first, second) if direction == "before" else (second, first)
-        items.append({"pair_id": qid, "text_a": q["steps"][a], "text_b": q["steps"][b], "direction": direction,
-                      "answer": label, "plan": q.get("efg_recipe_id"), "question_type": q.get("question_type"),
-                      "steps": list(q["steps"]), "first": first, "second": second, "plan_idx": q.get("plan_idx")})
-    log.raise_if_any()
-    if not items:
-        raise ValueError(f"data.eval_path={path}: the file holds no CaT-Bench questions")
-    return items
 
 
 def _pair_item(pair: dict[str, Any], set_name: str) -> dict[str, Any]:
@@ -92,7 +49,7 @@ class PairCollator:
         enc = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_tokens, return_tensors="pt")
         n = len(items)
         return {"input_ids": enc["input_ids"].view(n, 2, -1), "attention_mask": enc["attention_mask"].view(n, 2, -1),
-                "labels": torch.tensor([LABEL_ID.get(it.get("label"), -100) for it in items]),
+                "labels": torch.tensor([TEO_LABEL_ID.get(it.get("label"), -100) for it in items]),
                 "meta": items}
 
 
@@ -156,8 +113,7 @@ class TeoEncoderPairsDataModule(pl.LightningDataModule):
             sets = teo_eval_sets(splits.get(name, []))
             self.eval_sets[name] = sets
             # each pair next to its swapped presentation, so a partial pass (limit_val_batches) scores whole pairs
-            self.items[name] = [_pair_item(p, s) for o, w in zip(sets["original"], sets["swapped"])
-                                for p, s in ((o, "original"), (w, "swapped"))]
+            self.items[name] = [_pair_item(p, s) for s, p in twin_presentations(sets)]
         if questions is not None:
             self.items["test"] = [dict(q, set="catbench") for q in questions]
         for name, items in self.items.items():

@@ -10,12 +10,12 @@ Pairs come from :mod:`data_modules.tasks.teo` (MATEO construction):
 Each pair becomes a chat prompt + target from ``configs/prompts/teo.yaml`` (one home for the wording):
 
 * ``prompt: finetune`` (default) -- MATEO's fine-tuning prompt (appendix A.1 Table 6, the Instructions
-  task of section 5.4: :func:`~seqaware.teo.prompts.build_teo_finetune_prompt`); ``prompt: eval`` -- the
-  evaluation prompt of ``strategy`` (Table 5, :func:`~seqaware.teo.prompts.build_teo_prompt`), a
+  task of section 5.4: :func:`~seqaware.vlm.prompts.build_teo_finetune_prompt`); ``prompt: eval`` -- the
+  evaluation prompt of ``strategy`` (Table 5, :func:`~seqaware.vlm.prompts.build_teo_prompt`), a
   seqaware option;
 * ``target_format: mateo`` (default) -- Table 6's answer ``"Q1: The answer is: Yes.\\nQ2: The answer
   is: No.\\nQ3: The answer is: No."``; ``short`` -- seqaware's earlier ``"Q1: Yes\\nQ2: No\\nQ3: No"``
-  (:func:`~seqaware.teo.prompts.teo_answer`).
+  (:func:`~seqaware.vlm.prompts.teo_answer`).
 
 :class:`TeoChatCollator` renders prompt (+ answer) with the processor's chat template and runs the
 processor once per batch. Training batches are right-padded and carry ``labels`` equal to
@@ -29,7 +29,6 @@ the left-padded prompts only (for ``generate``) plus the pair records.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
@@ -37,12 +36,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from data_modules.images import ImageLoadError, check_procedure_images, open_rgb
-from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs
 from data_modules.sampling import KeyedList, epoch_loader
+from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs, twin_presentations
 from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
-from seqaware.teo import MODALITIES, QUESTION_STRATEGIES, build_teo_prompt
-from seqaware.teo.prompts import TEO_TARGET_FORMATS, build_teo_finetune_prompt, teo_answer
-from seqaware.teo.vlm import load_processor
+from seqaware.vlm.prompts import (MODALITIES, QUESTION_STRATEGIES, TEO_TARGET_FORMATS, build_teo_finetune_prompt,
+                                  build_teo_prompt, teo_answer)
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +195,10 @@ class TeoPairsDataModule(pl.LightningDataModule):
 
     Args:
         source: callable returning ``{split: [Procedure]}`` (``data_modules.sources``: synthetic or JSONL).
-        processor: ``tiny`` or an InternVL checkpoint name/folder (normally ``${model.name_or_path}``).
+        processor: the model's processor (``apply_chat_template`` + ``__call__``), or a callable without
+            arguments that builds it on first use: ``configs/data/teo_pairs.yaml`` gives
+            :func:`seqaware.vlm.models.load_processor` of ``${model.name_or_path}`` (Hydra ``_partial_``).
+            This module builds no model part itself; without a processor only ``setup`` works.
         modality: ``image`` | ``text`` | ``image_text``.
         strategy: the prompt strategy (``instructions``; with ``prompt=eval`` any Yes/No strategy).
         prompt: ``finetune`` (MATEO Table 6, default) | ``eval`` (Table 5 prompt of ``strategy``).
@@ -218,7 +219,7 @@ class TeoPairsDataModule(pl.LightningDataModule):
             modality shows images).
     """
 
-    def __init__(self, source: Callable[..., dict[str, list[Procedure]]], processor: str = "tiny",
+    def __init__(self, source: Callable[..., dict[str, list[Procedure]]], processor: Any = None,
                  modality: str = "image_text", strategy: str = "instructions", resplit: Sequence[float] | None = None,
                  batch_size: int = 1, eval_batch_size: int = 8, bucket_by_length: bool = False, bucket_factor: int = 50,
                  max_length: int | None = None, max_train_pairs: int | None = None, max_eval_pairs: int | None = None,
@@ -232,7 +233,7 @@ class TeoPairsDataModule(pl.LightningDataModule):
         self.image_checks = {"allow_outside": allow_outside_images, "cache_dir": image_check_cache,
                              "decode": verify_images and modality in ("image", "image_text")}
         self.source = source
-        self.processor_name = processor
+        self._processor_source = processor
         self.modality, self.strategy = modality, strategy
         self.resplit = list(resplit) if resplit is not None else None
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
@@ -250,8 +251,13 @@ class TeoPairsDataModule(pl.LightningDataModule):
 
     @property
     def processor(self) -> Any:
+        """The processor given to the module (built by its factory on first use)."""
         if self._processor is None:
-            self._processor = load_processor(self.processor_name)
+            given = self._processor_source
+            if given is None:
+                raise ValueError("data.processor is not set: the TEO pairs need the model's processor "
+                                 "(configs/data/teo_pairs.yaml builds it from model.name_or_path)")
+            self._processor = given if hasattr(given, "apply_chat_template") else given()
         return self._processor
 
     def collator(self, train: bool) -> TeoChatCollator:
@@ -283,12 +289,9 @@ class TeoPairsDataModule(pl.LightningDataModule):
             if split == "train":
                 pairs = [dict(p, set="train") for p in teo_training_pairs(procs, seed=self.seed)[: self.max_train_pairs]]
             else:
-                sets = teo_eval_sets(procs)
-                keep = len(sets["original"]) if self.max_eval_pairs is None else self.max_eval_pairs
                 # each original pair directly followed by its swapped twin: any prefix of the loader
                 # (limit_val_batches, fast_dev_run) holds complete pairs for consistency accuracy
-                pairs = [dict(p, set=name) for o, s in zip(sets["original"][:keep], sets["swapped"][:keep])
-                         for name, p in (("original", o), ("swapped", s))]
+                pairs = [dict(p, set=name) for name, p in twin_presentations(teo_eval_sets(procs), self.max_eval_pairs)]
             pairs = [resolve_pair_images(p, roots[p["procedure_id"]]) for p in pairs]
             self.datasets[split] = KeyedList(pairs, name=f"{split} TEO pairs")
             log.info("TEO %s pairs: %d %s", split, len(pairs), teo_class_counts(pairs))

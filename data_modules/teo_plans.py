@@ -5,8 +5,9 @@ of its pairs scored from one encoding of the plan.
   builds them (MATEO sec. 5.4: every direct dependency in both presentations, ``before`` and
   ``after``, independent pairs once; pairs joined only through a longer path are not used);
 * val / test procedures: the plan's original and swapped TEO sets (:func:`teo_eval_sets`);
-* test with ``eval_path``: CaT-Bench questions (read by :func:`read_catbench`) grouped by plan: the
-  model sees the question's ``steps`` list as the plan and answers every question of it.
+* test with ``eval_path``: CaT-Bench questions (read by
+  :func:`data_modules.adapters.catbench.read_catbench`) grouped by plan: the model sees the
+  question's ``steps`` list as the plan and answers every question of it.
 
 Procedures, held-out CaT-Bench plans and the options are those of
 :class:`~data_modules.teo_encoder_pairs.TeoEncoderPairsDataModule`, which this module extends.
@@ -28,8 +29,9 @@ from typing import Any, Optional, Sequence
 import torch
 
 from data_modules.collate import first_sentences
-from data_modules.tasks.teo import teo_eval_sets, teo_pairs, teo_training_pairs
-from data_modules.teo_encoder_pairs import LABEL_ID, TeoEncoderPairsDataModule
+from data_modules.tasks.teo import teo_eval_sets, teo_pairs, teo_training_pairs, twin_presentations
+from data_modules.teo_encoder_pairs import TeoEncoderPairsDataModule
+from seqaware.metrics.teo import TEO_LABEL_ID
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure
 
@@ -134,7 +136,7 @@ class PlanCollator:
         labels = torch.full((len(items), n_max, n_max), -100, dtype=torch.long)
         for k, item in enumerate(items):
             for a, b, label in item.get("labels", ()):
-                labels[k, a, b] = LABEL_ID[label]
+                labels[k, a, b] = TEO_LABEL_ID[label]
         return {"input_ids": input_ids, "attention_mask": attention_mask, "window_step": window_step,
                 "window_owner": window_owner, "num_steps": torch.tensor([len(item["steps"]) for item in items]),
                 "labels": labels, "meta": items}
@@ -146,17 +148,16 @@ def plan_item(procedure: Procedure, split: str, seed: int = 0) -> dict[str, Any]
     if split == "train":
         item["labels"] = [(p["a"], p["b"], p["label"]) for p in teo_training_pairs([procedure], seed=seed)]
     else:
-        sets = teo_eval_sets([procedure])
-        item["pairs"] = [dict(p, set=name) for o, w in zip(sets["original"], sets["swapped"])
-                         for p, name in ((o, "original"), (w, "swapped"))]
+        item["pairs"] = [dict(p, set=name) for name, p in twin_presentations(teo_eval_sets([procedure]))]
         # validation also reports the loss on the same labels the model is trained on
         item["labels"] = [(p["a"], p["b"], p["label"]) for p in item["pairs"]]
     return item
 
 
 def catbench_plan_items(questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """CaT-Bench questions (:func:`read_catbench` items) grouped into plans: one item per distinct
-    ``steps`` list, its questions as the pairs to score (``a`` / ``b`` = ``first`` / ``second``)."""
+    """CaT-Bench questions (:func:`~data_modules.adapters.catbench.read_catbench` items) grouped into
+    plans: one item per distinct ``steps`` list, its questions as the pairs to score (``a`` / ``b`` =
+    ``first`` / ``second``)."""
     plans: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
     for q in questions:
         plans[tuple(q["steps"])].append(q)

@@ -3,7 +3,7 @@
     python scripts/bench_teo_lora.py --config tiny                       # CPU-sized smoke figure
     python scripts/bench_teo_lora.py --config 8b --bf16 --grad-ckpt --batch-size 8   # one GPU
 
-``tiny`` is the test model of seqaware/teo/vlm.py; ``8b`` is the InternVL3.5-8B architecture built in
+``tiny`` is the test model of seqaware/vlm/models.py; ``8b`` is the InternVL3.5-8B architecture built in
 code with random weights (no download), directly on the device. Each example is the MATEO
 image_text shape: two images (one tile each: 256 image tokens per 448-px tile for 8b, 4 for tiny)
 plus ``--text-tokens`` text tokens, of which the last ``--answer-tokens`` are labelled. LoRA r16 /
@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seqaware.teo.vlm import answer_loss, apply_lora  # noqa: E402
-from seqaware.teo.vlm import build_tiny_internvl, internvl_config_8b  # noqa: E402
+from seqaware.vlm.models import answer_loss, apply_lora  # noqa: E402
+from seqaware.vlm.models import build_tiny_internvl, internvl_config_8b  # noqa: E402
 
 
 def build(config: str, device: torch.device, dtype: torch.dtype):

@@ -7,8 +7,8 @@
 
 Rows: always yes, always no, the majority class, then one row per answers file.  Columns: accuracy,
 precision / recall / F1 of the dependent ("yes") class, macro F1 over yes/no
-(:func:`seqaware.metrics.iso.binary_report`, the CaT-Bench Step Order Prediction scores), twin
-consistency (:func:`seqaware.metrics.iso.twin_consistency`: both questions asked about a step pair,
+(:func:`seqaware.metrics.classification.binary_report`, the CaT-Bench Step Order Prediction scores), twin
+consistency (:func:`seqaware.metrics.classification.twin_consistency`: both questions asked about a step pair,
 "before" and "after", answered alike), the share of questions without a yes/no answer
 (``invalid``: missing or unparsable, counted wrong) and ``n``.
 
@@ -48,9 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from data_modules.adapters.catbench import question_id  # noqa: E402
-from data_modules.teo_encoder_pairs import read_catbench  # noqa: E402
-from seqaware.metrics.iso import binary_rows, format_table, twin_consistency  # noqa: E402
+from data_modules.adapters.catbench import question_id, read_catbench  # noqa: E402
+from seqaware.metrics.classification import binary_rows, format_table, twin_consistency  # noqa: E402
 
 COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R yes"), ("f1", "dependent F1"),
            ("macro_f1", "macro F1"), ("twin_consistency", "twin consistency"), ("invalid_rate", "invalid"), ("n", "n"))

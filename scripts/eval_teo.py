@@ -30,10 +30,9 @@ from data_modules.tasks.coherence import coherence_instances  # noqa: E402
 from data_modules.tasks.iso import iso_instances  # noqa: E402
 from data_modules.tasks.teo import teo_eval_sets  # noqa: E402
 from seqaware.procedure import Procedure, read_procedures  # noqa: E402
-from seqaware.teo.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES  # noqa: E402
-from seqaware.teo.runner import (  # noqa: E402
-    OutputCache, evaluate_coherence, evaluate_iso, evaluate_teo, load_hf_generator, slug, write_result,
-)
+from seqaware.vlm.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES  # noqa: E402
+from seqaware.vlm.protocols import evaluate_coherence, evaluate_iso, evaluate_teo  # noqa: E402
+from seqaware.vlm.runner import OutputCache, load_hf_generator, slug, write_result  # noqa: E402
 
 log = logging.getLogger("eval_teo")
 DEFAULT_CONFIG = ROOT / "configs" / "eval" / "teo.yaml"

@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from seqaware.io import atomic_open, parse_test_metrics  # noqa: E402
-from seqaware.teo.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES  # noqa: E402
+from seqaware.vlm.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES  # noqa: E402
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml when PyYAML has it: 10x faster
 DEFAULT_PUBLISHED = ROOT / "configs" / "paper_results.yaml"

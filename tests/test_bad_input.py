@@ -17,10 +17,10 @@ import pytest
 from PIL import Image
 
 from data_modules.adapters import run_adapter
+from data_modules.adapters.catbench import read_catbench
 from data_modules.datamodule import ProcedureDataModule, check_fit_saw_batches
 from data_modules.images import check_procedure_images
 from data_modules.sources import jsonl_source
-from data_modules.teo_encoder_pairs import read_catbench
 from seqaware.pretrained import PretrainedUnavailableError, load_tokenizer
 from seqaware.procedure import ProcedureFormatError, check_procedures_file, read_procedures
 

@@ -11,10 +11,11 @@ from PIL import Image
 
 from data_modules.tasks.teo import teo_eval_sets
 from seqaware.procedure import Procedure, Step
-from seqaware.teo.prompts import build_coherence_prompt, build_iso_prompt, prompt_images, prompt_text
-from seqaware.teo.runner import (
-    OutputCache, evaluate_coherence, evaluate_iso, evaluate_teo, run_queries, teo_queries, write_result,
-)
+from seqaware.vlm.prompts import build_coherence_prompt, build_iso_prompt, prompt_images, prompt_text
+from seqaware.vlm.protocols.coherence import evaluate_coherence
+from seqaware.vlm.protocols.iso import evaluate_iso
+from seqaware.vlm.protocols.teo import evaluate_teo, teo_queries
+from seqaware.vlm.runner import OutputCache, run_queries, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["Mix the flour and the water.", "Knead the dough.", "Grate the cheese."]
@@ -301,14 +302,14 @@ def test_script_rejects_unknown_names():
 
 def test_hf_generator_with_tiny_internvl(tmp_path):
     """The real Hugging Face path (chat template, left padding, greedy generate) on H3's tiny InternVL."""
-    vlm_path = ROOT / "seqaware" / "teo" / "vlm.py"
+    vlm_path = ROOT / "seqaware" / "vlm" / "models.py"
     if not vlm_path.is_file():
-        pytest.skip("seqaware/teo/vlm.py (tiny InternVL) is not available")
-    from seqaware.teo import vlm
+        pytest.skip("seqaware/vlm/models.py (tiny InternVL) is not available")
+    from seqaware.vlm import models as vlm
 
     if not hasattr(vlm, "build_tiny_internvl"):
-        pytest.skip("seqaware.teo.vlm has no build_tiny_internvl()")
-    from seqaware.teo.runner import HFGenerator
+        pytest.skip("seqaware.vlm.models has no build_tiny_internvl()")
+    from seqaware.vlm.runner import HFGenerator
 
     built = vlm.build_tiny_internvl()
     model, processor = (built.model, built.processor) if hasattr(built, "processor") else built
@@ -323,12 +324,12 @@ def test_hf_generator_with_tiny_internvl(tmp_path):
 
 def test_script_with_saved_tiny_model(tmp_path, tiny_synthetic_dir):
     """``--model <folder>``: AutoModelForImageTextToText + AutoProcessor through from_pretrained, end to end."""
-    if not (ROOT / "seqaware" / "teo" / "vlm.py").is_file():
-        pytest.skip("seqaware/teo/vlm.py (tiny InternVL) is not available")
-    from seqaware.teo import vlm
+    if not (ROOT / "seqaware" / "vlm" / "models.py").is_file():
+        pytest.skip("seqaware/vlm/models.py (tiny InternVL) is not available")
+    from seqaware.vlm import models as vlm
 
     if not hasattr(vlm, "build_tiny_internvl"):
-        pytest.skip("seqaware.teo.vlm has no build_tiny_internvl()")
+        pytest.skip("seqaware.vlm.models has no build_tiny_internvl()")
     model, processor = vlm.build_tiny_internvl()
     folder = tmp_path / "tiny-vlm"
     model.save_pretrained(folder)
@@ -349,7 +350,7 @@ def test_unavailable_model_fails_fast(monkeypatch):
     import time
 
     from seqaware.pretrained import PretrainedUnavailableError
-    from seqaware.teo.runner import load_hf_generator
+    from seqaware.vlm.runner import load_hf_generator
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
@@ -372,8 +373,8 @@ def test_script_synthetic_source(tmp_path):
 def test_iso_and_coherence_prompts_through_tiny_internvl(tmp_path):
     """The paper prompts go through a real chat template: image first (ISO), 3 labelled candidates (COHERENCE),
     and the ISO call generates with the 120-token limit of App. H while the generator keeps its own."""
-    from seqaware.teo import vlm
-    from seqaware.teo.runner import HFGenerator
+    from seqaware.vlm import models as vlm
+    from seqaware.vlm.runner import HFGenerator
 
     proc = _procedure(tmp_path)
     model, processor = vlm.build_tiny_internvl()

@@ -90,7 +90,7 @@ def test_callbacks_config_uses_the_timed_bar(compose_train):
 
 # ---------------------------------------------------------------- VLM generation bar
 def test_run_queries_bar_counts_generated_prompts(tmp_path, capsys):
-    from seqaware.teo.runner import OutputCache, make_query, run_queries
+    from seqaware.vlm.runner import OutputCache, make_query, run_queries
 
     queries = [make_query(f"p{i}", "original", [{"role": "user", "content": [{"type": "text", "text": f"q{i}"}]}], "sig")
                for i in range(6)]

@@ -11,9 +11,8 @@ from seqaware.metrics.coherence import (
     coherence_baselines, coherence_report, coherence_rows, coherence_scores, coherence_source_table, coherence_table,
     kendall_tau,
 )
-from seqaware.metrics.iso import (
-    binary_baselines, binary_report, binary_table, iso_baselines, iso_report, iso_rows, iso_table,
-)
+from seqaware.metrics.classification import binary_baselines, binary_report, binary_table
+from seqaware.metrics.iso import iso_baselines, iso_report, iso_rows, iso_table
 from seqaware.metrics.teo import teo_baselines, teo_report, teo_rows, teo_table
 from seqaware.procedure import Procedure, Step
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from data_modules.teo_encoder_pairs import read_catbench
+from data_modules.adapters.catbench import read_catbench
 
 
 def _question(**over):

@@ -16,15 +16,15 @@ from data_modules.teo_pairs import IGNORE_INDEX, TeoChatCollator, TeoPairsDataMo
 from seqaware import runs
 from seqaware.modules.teo_lora import TeoLoraModule
 from seqaware.pretrained import PretrainedUnavailableError
-from seqaware.teo.prompts import prompt_text
-from seqaware.teo.vlm import build_tiny_internvl, internvl_config_8b, load_internvl
+from seqaware.vlm.prompts import prompt_text
+from seqaware.vlm.models import build_tiny_internvl, internvl_config_8b, load_internvl, load_processor
 
 
 @pytest.fixture(scope="module")
 def teo_dm(tmp_path_factory) -> TeoPairsDataModule:
     cache = tmp_path_factory.mktemp("teo_cache")
     source = partial(synthetic_source, str(cache / "synthetic"), progress=False, **TINY_SYNTHETIC)
-    dm = TeoPairsDataModule(source, processor="tiny", modality="image_text", batch_size=4, eval_batch_size=4)
+    dm = TeoPairsDataModule(source, processor=load_processor("tiny"), modality="image_text", batch_size=4, eval_batch_size=4)
     dm.setup()
     return dm
 
@@ -266,7 +266,7 @@ def test_teo_lora_experiments_compose_to_the_mateo_recipe(compose_train):
     assert cfg.callbacks.model_checkpoint.monitor == "val/teo_consistency_accuracy"
     assert cfg.model.optimizer.lr == 1e-5 and cfg.trainer.max_epochs == 1  # hparams/mateo
     cfg = compose_train("experiment=teo_lora_synthetic")
-    assert cfg.model.name_or_path == cfg.data.processor == "tiny-minilm"
+    assert cfg.model.name_or_path == cfg.data.processor.name_or_path == "tiny-minilm"
     assert cfg.data.max_length == 512 and cfg.trainer.accelerator == "cpu"
 
 
@@ -331,7 +331,7 @@ def minilm_module() -> TeoLoraModule:
 def minilm_dm(tmp_path_factory) -> TeoPairsDataModule:
     cache = tmp_path_factory.mktemp("teo_minilm_cache")
     source = partial(synthetic_source, str(cache / "synthetic"), progress=False, **TINY_SYNTHETIC)
-    dm = TeoPairsDataModule(source, processor="tiny-minilm", modality="text", batch_size=4, eval_batch_size=4,
+    dm = TeoPairsDataModule(source, processor=load_processor("tiny-minilm"), modality="text", batch_size=4, eval_batch_size=4,
                             max_length=512)
     dm.setup()
     return dm
@@ -385,7 +385,7 @@ def test_minilm_decoder_is_causal_and_left_padding_safe(minilm_module):
 
 
 def test_minilm_labels_decode_to_a_parsable_answer(minilm_dm):
-    from seqaware.teo import parse_teo_answer
+    from seqaware.vlm import parse_teo_answer
 
     batch = minilm_dm.collator(train=True)(minilm_dm.datasets["train"].items[:4])
     tok = minilm_dm.processor.tokenizer

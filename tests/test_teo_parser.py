@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from seqaware.metrics.coherence import coherence_report
-from seqaware.teo import (parse_coherence_answer, parse_iso_answer, parse_teo_answer, parse_teo_answers, question_answers,
+from seqaware.vlm import (parse_coherence_answer, parse_iso_answer, parse_teo_answer, parse_teo_answers, question_answers,
                           reflection_outcome, teo_answer)
 
 QUESTION_CASES = [

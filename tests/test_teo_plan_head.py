@@ -8,10 +8,10 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
 
+from data_modules.adapters.catbench import read_catbench
 from data_modules.tasks.teo import teo_training_pairs
-from data_modules.teo_encoder_pairs import read_catbench
 from data_modules.teo_plans import PlanCollator, catbench_plan_items, plan_item, plan_windows
-from seqaware.metrics.iso import binary_report, choose_threshold, twin_consistency
+from seqaware.metrics.classification import binary_report, choose_threshold, twin_consistency
 from seqaware.modules.teo_plan_head import SWAP, TeoPlanHeadModule, relations
 from seqaware.objectives.base import EncoderOutput
 from seqaware.pretrained import load_tokenizer

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 
-from seqaware.teo import MODALITIES, STRATEGIES, build_coherence_prompt, build_iso_prompt, build_teo_prompt, prompt_hash
-from seqaware.teo.prompts import build_teo_finetune_prompt, load_templates, prompt_images, prompt_text, teo_answer
+from seqaware.vlm import MODALITIES, STRATEGIES, build_coherence_prompt, build_iso_prompt, build_teo_prompt, prompt_hash
+from seqaware.vlm.prompts import build_teo_finetune_prompt, load_templates, prompt_images, prompt_text, teo_answer
 
 STEP_A = {"text": "First, mix the flour with the water.", "image": "/data/a.jpg"}
 STEP_B = {"text": "Finally, knead the dough.", "image": "/data/b.jpg"}

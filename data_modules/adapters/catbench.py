@@ -14,6 +14,9 @@ Output:
   ``question_type``, ``direction``, ``question`` and the ids.
 
 All records go to split ``split`` (default ``test``: CaT-Bench is an evaluation set).
+
+:func:`read_catbench` reads the same question files as pair items for the TEO heads' test set and
+``scripts/catbench_eval.py``: CaT-Bench is parsed here only.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ LABELS = ("yes", "no")
 DIRECTIONS = ("before", "after")
 REQUIRED = ("plan_idx", "question_idx", "question_type", "direction", "steps", "first_step_idx",
             "second_step_idx", "label")
+PAIR_FIELDS = ("steps", "first_step_idx", "second_step_idx", "direction", "label")
+"""The fields :func:`read_catbench` needs (a question file without CaT-Bench's ids still reads)."""
 
 
 def _is_index(value: Any) -> bool:
@@ -67,7 +72,7 @@ def check_unique(record: dict, seen: dict[str, tuple[Path, int]], log: ProblemLo
 
 def check_question(record: Any, log: ProblemLog, path: Path, line: int, required: tuple[str, ...] = REQUIRED) -> bool:
     """Log every problem of one question record (``file:line: plan P question Q: field: reason``);
-    True when it is usable. Shared by this adapter and :func:`data_modules.teo_encoder_pairs.read_catbench`."""
+    True when it is usable. Shared by :func:`convert` and :func:`read_catbench`."""
     if not isinstance(record, dict):
         log.add(path, line, "?", "record", f"expected a JSON object, got {type(record).__name__}")
         return False
@@ -151,3 +156,44 @@ def convert(src: Path, out_images: Path | None = None, split: str = "test") -> A
         result.add(procedure)
     result.tasks["catbench"] = pairs
     return result
+
+
+def read_catbench(path: str | Path) -> list[dict[str, Any]]:
+    """CaT-Bench questions as pair items, for the TEO heads (``data.eval_path`` of
+    :mod:`data_modules.teo_encoder_pairs` and :mod:`data_modules.teo_plans`) and ``scripts/catbench_eval.py``.
+
+    Each item keeps the presented pair (``text_a`` / ``text_b``: a question about (first, second)
+    with direction ``before`` is presented as (first, second), with ``after`` as (second, first)), the gold
+    ``answer``, ``direction``, and the whole plan (``steps``, 0-based ``first`` / ``second`` step
+    indices, ``plan_idx``) for plan-aware models (:mod:`data_modules.teo_plans`).
+
+    Every line is checked as :func:`convert` checks it (:func:`check_question`: a JSON object, UTF-8,
+    ``steps`` a list of strings, integer step indices inside it, yes/no label, before/after
+    direction; only :data:`PAIR_FIELDS` are required, and a file without ``question_idx`` numbers
+    its questions by line); all problems are raised together as ``file:line: plan P question Q:
+    field: reason``.
+    """
+    items = []
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.eval_path: no such file: {path}")
+    log = ProblemLog()
+    seen: dict[str, tuple[Path, int]] = {}
+    for line_no, q in iter_json_records(path, log):
+        if not check_question(q, log, path, line_no, required=PAIR_FIELDS):
+            continue
+        if "question_idx" not in q:  # files without CaT-Bench's numbering: the line stands in for it
+            q = dict(q, question_idx=f"L{line_no}")
+        if not check_unique(q, seen, log, path, line_no):
+            continue
+        qid = question_id(q)
+        direction, label = q["direction"].strip().lower(), q["label"].strip().lower()
+        first, second = q["first_step_idx"], q["second_step_idx"]
+        a, b = (first, second) if direction == "before" else (second, first)
+        items.append({"pair_id": qid, "text_a": q["steps"][a], "text_b": q["steps"][b], "direction": direction,
+                      "answer": label, "plan": q.get("efg_recipe_id"), "question_type": q.get("question_type"),
+                      "steps": list(q["steps"]), "first": first, "second": second, "plan_idx": q.get("plan_idx")})
+    log.raise_if_any()
+    if not items:
+        raise ValueError(f"data.eval_path={path}: the file holds no CaT-Bench questions")
+    return items

@@ -12,8 +12,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from data_modules.tasks.teo import TEO_LABELS, teo_class_counts
+from data_modules.tasks.teo import teo_class_counts
 from seqaware.metrics.agreement import procedure_statistics
+from seqaware.metrics.teo import TEO_LABELS
 from seqaware.procedure import Procedure
 
 CONVERSION_FILE = "conversion.json"

@@ -17,6 +17,7 @@ from data_modules.tasks.teo import (
     teo_eval_sets,
     teo_pairs,
     teo_training_pairs,
+    twin_presentations,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "teo_eval_sets",
     "teo_pairs",
     "teo_training_pairs",
+    "twin_presentations",
 ]

@@ -36,7 +36,7 @@ An instance is a plain JSON-serialisable dict::
      "candidates": ["images/other_3.jpg", "images/proc-7_1.jpg", "images/proc-7_0.jpg"],
      "gold": [2, 1], "distractors": [0], "difficulty": "easy", "source": "WikiHow"}
 
-The prompt (:func:`seqaware.teo.prompts.build_coherence_prompt`) shows each ``<image_i>`` as the
+The prompt (:func:`seqaware.vlm.prompts.build_coherence_prompt`) shows each ``<image_i>`` as the
 paper's ``[IMAGE_PLACEHOLDER]``.
 """
 from __future__ import annotations

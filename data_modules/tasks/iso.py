@@ -61,7 +61,7 @@ import numpy as np
 
 from seqaware import dag as dag_utils
 from seqaware.procedure import Procedure
-from seqaware.teo.prompts import load_templates
+from seqaware.vlm.prompts import load_templates
 
 ISO_LABELS = ("DEP", "NONDEP")
 K_PER_PLAN = ("one", "all")

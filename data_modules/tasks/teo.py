@@ -31,11 +31,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from seqaware import dag as dag_utils
+from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABELS
 from seqaware.procedure import Procedure, Step
 
-TEO_LABELS = ("before", "after", "independent")
 SPLIT_NAMES = ("train", "val", "test")
-_SWAPPED_LABEL = {"before": "after", "after": "before", "independent": "independent"}
 
 
 def _step_payload(step: Step) -> dict[str, Any]:
@@ -88,7 +87,7 @@ def swap_pair(pair: dict[str, Any]) -> dict[str, Any]:
     swapped = dict(pair)
     swapped["a"], swapped["b"] = pair["b"], pair["a"]
     swapped["step_a"], swapped["step_b"] = pair["step_b"], pair["step_a"]
-    swapped["label"] = _SWAPPED_LABEL[pair["label"]]
+    swapped["label"] = SWAPPED_LABEL[pair["label"]]
     swapped["pair_id"] = f"{pair['pair_id']}:swapped"
     return swapped
 
@@ -101,6 +100,18 @@ def teo_eval_sets(procedures: Iterable[Procedure]) -> dict[str, list[dict[str, A
     """
     original = [pair for proc in procedures for pair in teo_pairs(proc)]
     return {"original": original, "swapped": [swap_pair(p) for p in original]}
+
+
+def twin_presentations(eval_sets: dict[str, list[dict[str, Any]]], limit: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``(set name, pair)`` of the first ``limit`` original pairs (None: all), each directly followed
+    by its swapped twin: ``("original", p0), ("swapped", p0'), ("original", p1), ...``.
+
+    The order the data modules evaluate in: any prefix of it (``limit_val_batches``,
+    ``fast_dev_run``) holds complete pairs but at most one, which
+    :func:`seqaware.metrics.teo.complete_pairs` leaves out of the scores.
+    """
+    return [(name, p) for o, s in zip(eval_sets["original"][:limit], eval_sets["swapped"][:limit])
+            for name, p in (("original", o), ("swapped", s))]
 
 
 def teo_training_pairs(procedures: Iterable[Procedure], seed: int = 0) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
-"""Evaluation metrics: step ordering (:mod:`.ordering`), ISO/TEO/COHERENCE task metrics.
+"""Evaluation metrics: step ordering (:mod:`.ordering`), classification (:mod:`.classification`:
+per-class and yes/no scores, baselines, tables), and the ISO/TEO/COHERENCE task metrics.
 
-The ordering metrics are re-exported here; the task-metric modules are imported by name
-(``seqaware.metrics.iso`` etc.).
+The ordering metrics are re-exported here; the other modules are imported by name
+(``seqaware.metrics.classification``, ``seqaware.metrics.iso`` etc.).
 """
 from seqaware.metrics.ordering import (
     DAG_KEYS,

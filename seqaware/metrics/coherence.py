@@ -5,7 +5,7 @@ An instance (built by ``data_modules.tasks.coherence``) has ``candidates`` (imag
 indices that belong to no placeholder), optionally ``source`` (the domain: WikiHow, StoryBird,
 Cooking, Science) and ``difficulty``. A prediction is a list with one candidate index per
 placeholder (0-based, as the App. D.1 prompt asks), e.g. from
-:func:`seqaware.teo.parser.parse_coherence_answer`.
+:func:`seqaware.vlm.parser.parse_coherence_answer`.
 
 **Valid prediction**: a list/tuple of ``len(gold)`` integers, each in ``[0, len(candidates))``,
 with no candidate used twice (App. D.1: "The same image index can only be used once", "exactly
@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from seqaware.metrics.iso import format_table
+from seqaware.metrics.classification import format_table
 
 COHERENCE_COLUMNS = (("exact_match", "Exact"), ("partial_score", "Partial"),
                      ("reject_accuracy", "Reject"), ("unparsable_rate", "unparsable"), ("invalid_rate", "invalid"))

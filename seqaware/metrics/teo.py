@@ -30,11 +30,15 @@ An original pair and its swapped version are matched by ``(procedure_id, {a, b})
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from seqaware.metrics.iso import format_table, majority_label, per_class_prf, random_labels
+from seqaware.metrics.classification import format_table, majority_label, per_class_prf, random_labels
 
 TEO_LABELS = ("before", "after", "independent")
+"""The three TEO classes, in the order every TEO model and head uses for its class ids (the one definition)."""
+TEO_LABEL_ID = {label: i for i, label in enumerate(TEO_LABELS)}
+SWAPPED_LABEL = {"before": "after", "after": "before", "independent": "independent"}
+"""The label of a pair presented the other way round (step B first)."""
 OTHER = "other"
 TEO_COLUMNS = (
     ("consistency_accuracy", "Cons. Acc"), ("consistency_dependent", "Cons. dep"),
@@ -51,9 +55,25 @@ def normalize_label(label: Any) -> str:
     return OTHER
 
 
-def _pair_key(pair: Mapping[str, Any]) -> tuple[str, int, int]:
+def pair_key(pair: Mapping[str, Any]) -> tuple[str, int, int]:
+    """``(procedure_id, min(a, b), max(a, b))``: the key an original pair shares with its swapped twin."""
     a, b = int(pair["a"]), int(pair["b"])
     return str(pair["procedure_id"]), min(a, b), max(a, b)
+
+
+def complete_pairs(original: Sequence[Any], swapped: Sequence[Any],
+                   pair: Callable[[Any], Mapping[str, Any]] = lambda entry: entry) -> tuple[list[Any], list[Any]]:
+    """The entries of ``original`` and ``swapped`` whose twin (same :func:`pair_key`) is in the other set.
+
+    Consistency needs both presentations of a pair, but an evaluation may see only part of a split
+    (``limit_val_batches``, ``fast_dev_run``): TEO scores are computed on complete pairs only. The
+    data modules put each original pair directly before its swapped twin
+    (:func:`data_modules.tasks.teo.twin_presentations`), so any prefix of a loader loses at most one
+    pair. ``pair`` gets the pair dict out of an entry (e.g. ``lambda e: e[0]`` for ``(pair,
+    prediction)`` tuples); both lists keep their order.
+    """
+    both = {pair_key(pair(e)) for e in original} & {pair_key(pair(e)) for e in swapped}
+    return [e for e in original if pair_key(pair(e)) in both], [e for e in swapped if pair_key(pair(e)) in both]
 
 
 def _predictions(pairs: Sequence[Mapping[str, Any]], preds: Mapping[str, Any]) -> list[str]:
@@ -75,11 +95,11 @@ def teo_report(
     Raises ValueError when the two sets do not hold the same pairs (each original pair must have
     exactly one swapped counterpart).
     """
-    swapped_by_key = {_pair_key(p): i for i, p in enumerate(swapped_pairs)}
+    swapped_by_key = {pair_key(p): i for i, p in enumerate(swapped_pairs)}
     if len(swapped_by_key) != len(swapped_pairs) or len(original_pairs) != len(swapped_pairs):
         raise ValueError("original and swapped sets must hold the same pairs, each once")
     try:
-        partner = [swapped_by_key[_pair_key(p)] for p in original_pairs]
+        partner = [swapped_by_key[pair_key(p)] for p in original_pairs]
     except KeyError as err:
         raise ValueError(f"original pair {err.args[0]} has no swapped counterpart") from None
 

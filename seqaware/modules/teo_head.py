@@ -24,13 +24,12 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
-from seqaware.metrics.iso import binary_rows, format_table, twin_consistency
-from seqaware.metrics.teo import teo_rows, teo_table
+from seqaware.metrics.classification import binary_rows, format_table, twin_consistency
+from seqaware.metrics.teo import TEO_LABELS, complete_pairs, teo_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
 
-LABELS = ("before", "after", "independent")
 BINARY_COLUMNS = (("accuracy", "accuracy"), ("f1_yes", "dependent F1"), ("macro_f1", "macro F1"),
                   ("twin_consistency", "twin consistency"), ("n", "n"))
 
@@ -51,7 +50,7 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         if not self.encoder.uses_text:
             raise ValueError("the TEO head reads step texts: use a text or multimodal encoder (model.encoder)")
-        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.hidden_size, len(LABELS)))
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.hidden_size, len(TEO_LABELS)))
         self._eval_records: dict[str, list[dict[str, Any]]] = {"val": [], "test": []}
         self.test_predictions: list[dict] = []
         self.test_rows: dict[str, dict[str, Any]] = {}
@@ -82,7 +81,7 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
         losses = F.cross_entropy(logits.float(), batch["labels"], ignore_index=-100, reduction="none").tolist()
         labelled = (batch["labels"] >= 0).tolist()
         for item, k, loss, has_label in zip(batch["meta"], logits.argmax(-1).tolist(), losses, labelled):
-            self._eval_records[stage].append({"item": item, "pred": LABELS[k], "loss": loss if has_label else None})
+            self._eval_records[stage].append({"item": item, "pred": TEO_LABELS[k], "loss": loss if has_label else None})
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step("val", batch)
@@ -121,13 +120,11 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
         original = [(item["pair"], pred) for item, pred in outputs if item.get("set") == "original"]
         swapped = [(item["pair"], pred) for item, pred in outputs if item.get("set") == "swapped"]
         # consistency needs both presentations of a pair: with limit_*_batches some may be unseen
-        key = lambda pair: (pair["procedure_id"], min(pair["a"], pair["b"]), max(pair["a"], pair["b"]))  # noqa: E731
-        both = {key(p) for p, _ in original} & {key(p) for p, _ in swapped}
-        if len(both) < len(original) or len(both) < len(swapped):
+        complete_original, complete_swapped = complete_pairs(original, swapped, pair=lambda entry: entry[0])
+        if len(complete_original) < len(original) or len(complete_swapped) < len(swapped):
             log.warning("%s: %d of %d pairs were seen in both presentations; scoring those only",
-                        stage, len(both), max(len(original), len(swapped)))
-            original = [(p, y) for p, y in original if key(p) in both]
-            swapped = [(p, y) for p, y in swapped if key(p) in both]
+                        stage, len(complete_original), max(len(original), len(swapped)))
+            original, swapped = complete_original, complete_swapped
         if not original:
             return {}
         rows = teo_rows([p for p, _ in original], [p for p, _ in swapped],

@@ -1,9 +1,9 @@
 """LoRA fine-tuning of InternVL for Temporal Execution Order (MATEO recipe).
 
 The network is built from the module's own hyper-parameters (``name_or_path: tiny`` -> the tiny
-random InternVL of :mod:`seqaware.teo.vlm`; ``tiny-minilm`` -> the small InternVL around the
+random InternVL of :mod:`seqaware.vlm.models`; ``tiny-minilm`` -> the small InternVL around the
 pretrained MiniLM decoder; anything else -> the real checkpoint through
-:func:`seqaware.teo.vlm.load_internvl`), wrapped with PEFT LoRA, and trained with the causal LM loss
+:func:`seqaware.vlm.models.load_internvl`), wrapped with PEFT LoRA, and trained with the causal LM loss
 on the answer tokens only (the data module puts ``-100`` everywhere else).
 
 * LoRA (r 16, alpha 32 by default) on the language model's q/k/v/o projections only
@@ -11,7 +11,7 @@ on the answer tokens only (the data module puts ``-100`` everywhere else).
   ``all_linear`` every linear layer but the output head. Everything else (vision tower, projector,
   embeddings, MLPs) stays frozen.
 * Validation / test: greedy generation on the original + swapped pairs, parsed with
-  :func:`seqaware.teo.parse_teo_answer`, scored with :func:`seqaware.metrics.teo.teo_report` and
+  :func:`seqaware.vlm.parser.parse_teo_answer`, scored with :func:`seqaware.metrics.teo.teo_report` and
   logged as ``val/teo_consistency_accuracy``, ``val/teo_macro_f1``, ... (``test/...``).
 * Checkpoints hold only the trainable (LoRA) parameters: the frozen base is rebuilt from the config
   when a checkpoint is loaded (``load_from_checkpoint`` works), so a checkpoint of the 8B recipe is
@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from seqaware.metrics.teo import teo_report
+from seqaware.metrics.teo import complete_pairs, teo_report
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 from seqaware.runs import best_checkpoint
-from seqaware.teo import parse_teo_answer
-from seqaware.teo.vlm import BUILT_IN_MODELS, answer_loss, apply_lora, load_internvl
+from seqaware.vlm import parse_teo_answer
+from seqaware.vlm.models import BUILT_IN_MODELS, answer_loss, apply_lora, load_internvl
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class TeoLoraModule(SeqawareModule):
         return self.model(**self._inputs(batch), labels=batch.get("labels"))
 
     def answer_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """``self(batch).loss`` without the ``(B, T, vocabulary)`` logits (:func:`seqaware.teo.vlm.answer_loss`)."""
+        """``self(batch).loss`` without the ``(B, T, vocabulary)`` logits (:func:`seqaware.vlm.models.answer_loss`)."""
         return answer_loss(self.model, self._inputs(batch), batch["labels"])
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
@@ -163,12 +163,10 @@ class TeoLoraModule(SeqawareModule):
     def _report(self, stage: str) -> dict[str, float]:
         records = self._gathered()
         self._eval_buffer = []
-        original = [r for r in records if r["set"] == "original"]
-        swapped_ids = {r["pair_id"] for r in records if r["set"] == "swapped"}
         # limit_*_batches may cut a pair's swapped twin off: score complete pairs only
-        original = [r for r in original if f"{r['pair_id']}:swapped" in swapped_ids]
-        keep = {r["pair_id"] for r in original} | {f"{r['pair_id']}:swapped" for r in original}
-        swapped = [r for r in records if r["set"] == "swapped" and r["pair_id"] in keep]
+        original, swapped = complete_pairs([r for r in records if r["set"] == "original"],
+                                           [r for r in records if r["set"] == "swapped"])
+        keep = {r["pair_id"] for r in original + swapped}
         if not original:
             raise RuntimeError(f"{stage}: no complete original+swapped TEO pair was evaluated; "
                                "evaluate more batches (the loader interleaves each pair with its swapped twin)")

@@ -22,7 +22,7 @@ Decision rule.  ``p_dep = p(before) + p(after)``; a pair is dependent when ``p_d
 and then ``before`` if ``p(before) > p(after)`` (ties: ``before`` when ``a < b``), else
 ``independent``.  With ``threshold: val`` the threshold is chosen at every validation epoch on the
 validation pairs' yes/no question "does step b depend on step a?" (original presentations: gold yes
-for ``before``, no for ``independent``), maximising macro F1 (:func:`seqaware.metrics.iso.choose_threshold`),
+for ``before``, no for ``independent``), maximising macro F1 (:func:`seqaware.metrics.classification.choose_threshold`),
 and stored in the ``decision_threshold`` buffer, so a checkpoint carries the threshold of its own
 validation; a number fixes it.  ``class_weights`` (before, after, independent) weight the
 cross-entropy.
@@ -48,14 +48,13 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps
-from seqaware.metrics.iso import binary_rows, choose_threshold, format_table, twin_consistency
-from seqaware.metrics.teo import teo_rows, teo_table
+from seqaware.metrics.classification import binary_rows, choose_threshold, format_table, twin_consistency
+from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, complete_pairs, teo_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
 
-LABELS = ("before", "after", "independent")
-SWAP = [1, 0, 2]  # before <-> after
+SWAP = [TEO_LABEL_ID[SWAPPED_LABEL[label]] for label in TEO_LABELS]  # class ids with before <-> after: [1, 0, 2]
 NUM_POSITION_FEATURES = 5
 CATBENCH_COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R yes"), ("f1_yes", "dependent F1"),
                     ("macro_f1", "macro F1"), ("twin_consistency", "twin consistency"), ("n", "n"))
@@ -123,8 +122,8 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         super().__init__()
         if not (threshold == "val" or (isinstance(threshold, (int, float)) and 0.0 < float(threshold) < 1.0)):
             raise ValueError(f"model.threshold must be 'val' or a number in (0, 1), got {threshold!r}")
-        if class_weights is not None and len(class_weights) != len(LABELS):
-            raise ValueError(f"model.class_weights needs {len(LABELS)} weights (before, after, independent), got {class_weights!r}")
+        if class_weights is not None and len(class_weights) != len(TEO_LABELS):
+            raise ValueError(f"model.class_weights needs {len(TEO_LABELS)} weights (before, after, independent), got {class_weights!r}")
         self.save_hyperparameters({
             "encoder": as_container(encoder), "optimizer": as_container(optimizer), "scheduler": as_container(scheduler),
             "encoder_trainable": encoder_trainable, "step_dim": step_dim, "step_layers": step_layers,
@@ -142,7 +141,7 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
                                            batch_first=True, norm_first=True)
         self.step_encoder = nn.TransformerEncoder(layer, step_layers, enable_nested_tensor=False) if step_layers else None
         self.pair_mlp = nn.Sequential(nn.Linear(4 * step_dim + NUM_POSITION_FEATURES, pair_hidden), nn.GELU(),
-                                      nn.Dropout(dropout), nn.Linear(pair_hidden, len(LABELS)))
+                                      nn.Dropout(dropout), nn.Linear(pair_hidden, len(TEO_LABELS)))
         initial = 0.5 if threshold == "val" else float(threshold)
         self.register_buffer("decision_threshold", torch.tensor(initial))
         if class_weights is not None:
@@ -285,10 +284,8 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         binary = binary_rows(gold, {"plan head": answers})["plan head"]
         self.log_dict({f"{stage}/pair_{k}": float(binary[key]) for k, key in
                        (("accuracy", "accuracy"), ("f1_yes", "f1"), ("macro_f1", "macro_f1"))}, sync_dist=False)
-        key = lambda pair: (pair["procedure_id"], min(pair["a"], pair["b"]), max(pair["a"], pair["b"]))  # noqa: E731
-        both = {key(r["pair"]) for r in original} & {key(r["pair"]) for r in swapped}
-        orig = [(r["pair"], y) for r, y in zip(original, rel_original) if key(r["pair"]) in both]
-        swap = [(r["pair"], y) for r, y in zip(swapped, rel_swapped) if key(r["pair"]) in both]
+        orig, swap = complete_pairs([(r["pair"], y) for r, y in zip(original, rel_original)],
+                                    [(r["pair"], y) for r, y in zip(swapped, rel_swapped)], pair=lambda entry: entry[0])
         if len(orig) < len(original):
             log.warning("%s: %d of %d pairs were seen in both presentations; TEO scores use those only",
                         stage, len(orig), len(original))

@@ -3,7 +3,7 @@
 * :func:`build_tiny_internvl` -- a randomly initialised InternVL small enough to train on a CPU in
   seconds, with a *real* :class:`~transformers.InternVLProcessor` (GOT-OCR2 image processor, a small
   byte-level BPE tokenizer with InternVL's special tokens, InternVL's ChatML chat template) loaded
-  from ``seqaware/teo/assets/tiny_internvl_processor``. Tests therefore go through the same
+  from ``seqaware/vlm/assets/tiny_internvl_processor``. Tests therefore go through the same
   ``apply_chat_template`` -> processor -> model path as real runs.
 * :func:`load_internvl` -- the real model and processor (e.g. ``OpenGVLab/InternVL3_5-8B-HF``)
   through :func:`seqaware.pretrained.from_pretrained`: a local folder, the Hugging Face cache, or
@@ -94,7 +94,7 @@ def make_tiny_processor_assets(out_dir: str | Path, texts: Iterable[str], vocab_
     tokens InternVL needs (``<|im_start|>``, ``<|im_end|>`` = eos, ``<|endoftext|>`` = pad,
     ``<img>``, ``</img>``, ``<IMG_CONTEXT>``, ``<video>``). The processor uses a 56-px GOT-OCR2
     image processor with ``crop_to_patches`` off (one tile per image) and ``image_seq_length`` 4.
-    Used once to create ``seqaware/teo/assets/tiny_internvl_processor`` (the repository keeps the
+    Used once to create ``seqaware/vlm/assets/tiny_internvl_processor`` (the repository keeps the
     result so that token ids never change).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -129,7 +129,7 @@ def load_tiny_processor(path: str | Path = TINY_PROCESSOR_DIR) -> Any:
     path = Path(path)
     if not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(f"tiny InternVL processor assets missing: {path} (recreate them with "
-                                "seqaware.teo.vlm.make_tiny_processor_assets)")
+                                "seqaware.vlm.models.make_tiny_processor_assets)")
     return InternVLProcessor.from_pretrained(str(path))
 
 

@@ -1,6 +1,6 @@
 """Parse free-text model answers into TEO classes, ISO labels and COHERENCE assignments.
 
-TEO (prompts of :mod:`seqaware.teo.prompts`, MATEO Table 5; answer formats of Table 5 / Table 6):
+TEO (prompts of :mod:`seqaware.vlm.prompts`, MATEO Table 5; answer formats of Table 5 / Table 6):
 
 * question strategies (``baseline``, ``instructions``, ``icl``) and the fine-tuned model answer
   Q1 (A before B), Q2 (A after B), Q3 (parallel) in MATEO's format ``Q1: The answer is: Yes.``
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from seqaware.teo.prompts import QUESTION_STRATEGIES, STRATEGIES
+from seqaware.vlm.prompts import QUESTION_STRATEGIES, STRATEGIES
 
 OTHER = "other"
 _QUESTION_CLASS = {1: "before", 2: "after", 3: "independent"}

@@ -1,4 +1,4 @@
-"""Evaluate an image-text-to-text model on TEO, ISO and COHERENCE by prompting; batched and resumable.
+"""Prompt any image-text-to-text model, batched and resumable: the task-agnostic half of VLM evaluation.
 
 The pieces, each usable on its own:
 
@@ -9,10 +9,12 @@ The pieces, each usable on its own:
   Each batch is appended in one write followed by flush + fsync, so a crash loses at most the
   batch in flight; a torn last line left by a crash is dropped on the next open. Rerunning skips
   every cached key, so an interrupted evaluation resumes where it stopped;
-* ``evaluate_teo`` / ``evaluate_iso`` / ``evaluate_coherence``: build prompts
-  (:mod:`seqaware.teo.prompts`), collect replies, parse them (:mod:`seqaware.teo.parser`) and
-  score them with the existing metrics (:mod:`seqaware.metrics`), baselines first;
+* :func:`run_queries` / :func:`make_query`: the replies to a list of prompts, through the cache;
 * ``write_result``: a result as markdown table + JSON + PNG bar chart, written atomically.
+
+The task protocols build on it: :mod:`seqaware.vlm.protocols.teo`, :mod:`~seqaware.vlm.protocols.iso`
+and :mod:`~seqaware.vlm.protocols.coherence` build prompts (:mod:`seqaware.vlm.prompts`), collect
+replies here, parse them (:mod:`seqaware.vlm.parser`) and score them (:mod:`seqaware.metrics`).
 
 The prompt hash covers the chat messages *and* a generation signature (model name and decoding
 settings), so changing the model, a template or ``max_new_tokens`` never reuses stale replies.
@@ -24,17 +26,12 @@ import json
 import logging
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from seqaware.io import atomic_open
-from seqaware.metrics.coherence import COHERENCE_COLUMNS, coherence_rows, coherence_source_table, coherence_table
-from seqaware.metrics.iso import ISO_COLUMNS, iso_report, iso_rows, iso_table
-from seqaware.metrics.teo import TEO_COLUMNS, teo_rows, teo_table
-from seqaware.teo.parser import parse_coherence_answer, parse_iso_answer, parse_teo_answers, reflection_outcome
-from seqaware.teo.prompts import build_coherence_prompt, build_iso_prompt, build_teo_prompt, iso_max_new_tokens, prompt_hash
+from seqaware.vlm.prompts import prompt_hash
 
 log = logging.getLogger(__name__)
 
@@ -179,141 +176,6 @@ def resolve_image(path: Any, root: str | os.PathLike | None) -> Any:
     if root is not None and not p.is_absolute():
         p = Path(root) / p
     return str(p)
-
-
-def _step(step: Mapping[str, Any], root: str | os.PathLike | None) -> dict[str, Any]:
-    images = step.get("images") or []
-    return {"text": step.get("text"), "image": resolve_image(images[0], root) if images else None}
-
-
-# ---------------------------------------------------------------- TEO
-def teo_queries(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], strategy: str, modality: str,
-                signature: str, image_root: str | os.PathLike | None = None) -> list[Query]:
-    """One query per pair of the ``original`` and ``swapped`` sets; errors name the pair."""
-    queries = []
-    for set_name in ("original", "swapped"):
-        for pair in eval_sets[set_name]:
-            try:
-                messages = build_teo_prompt(strategy, modality, _step(pair["step_a"], image_root), _step(pair["step_b"], image_root))
-            except ValueError as err:
-                raise ValueError(f"TEO pair {pair['pair_id']!r} ({set_name} set): {err}") from None
-            queries.append(make_query(pair["pair_id"], set_name, messages, signature, image_root))
-    return queries
-
-
-def evaluate_teo(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], generate: GenerateFn, cache: OutputCache,
-                 strategy: str, modality: str, model_name: str, signature: str | None = None,
-                 image_root: str | os.PathLike | None = None, batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
-    """TEO result of one (model, strategy, modality): metrics rows (baselines first), predictions.
-
-    Returns ``{"task": "teo", "model", "strategy", "modality", "rows": {name: report}, "columns",
-    "predictions": {set: {pair_id: label}}, "reflection": counts or None}``. For
-    ``self_reflection`` the model row scores the final answers and an extra row
-    ``<model> (first answer)`` the initial ones; ``reflection`` counts kept/corrected/broken answers.
-    """
-    signature = signature or model_name
-    original, swapped = list(eval_sets["original"]), list(eval_sets["swapped"])
-    queries = teo_queries(eval_sets, strategy, modality, signature, image_root)
-    outputs = run_queries(queries, generate, cache, batch_size,
-                          extra={"model": model_name, "task": "teo", "strategy": strategy, "modality": modality})
-    first: dict[str, dict[str, str]] = {"original": {}, "swapped": {}}
-    final: dict[str, dict[str, str]] = {"original": {}, "swapped": {}}
-    for q, text in zip(queries, outputs):
-        first[q.set_name][q.item_id], final[q.set_name][q.item_id] = parse_teo_answers(text, strategy)
-    systems = {model_name: (final["original"], final["swapped"])}
-    reflection = None
-    if strategy == "self_reflection":
-        systems[f"{model_name} (first answer)"] = (first["original"], first["swapped"])
-        gold = {(s, p["pair_id"]): p["label"] for s, pairs in (("original", original), ("swapped", swapped)) for p in pairs}
-        counts = Counter(reflection_outcome(first[s][pid], final[s][pid], label) for (s, pid), label in gold.items())
-        reflection = {k: counts.get(k, 0) for k in ("kept_correct", "kept_wrong", "corrected", "broken", "changed_wrong")}
-    rows = teo_rows(original, swapped, systems, seed=seed)
-    return {"task": "teo", "model": model_name, "strategy": strategy, "modality": modality,
-            "num_pairs": len(original), "rows": rows, "columns": [list(c) for c in TEO_COLUMNS],
-            "table": teo_table(rows), "predictions": final, "reflection": reflection}
-
-
-# ---------------------------------------------------------------- ISO
-class _TokenLimit:
-    """Temporarily set ``generate.max_new_tokens`` (when the generator has one, e.g. :class:`HFGenerator`)."""
-
-    def __init__(self, generate: Any, max_new_tokens: int | None) -> None:
-        self.generate, self.limit = generate, max_new_tokens
-        self.saved = getattr(generate, "max_new_tokens", None)
-
-    def __enter__(self) -> None:
-        if self.limit is not None and self.saved is not None:
-            self.generate.max_new_tokens = int(self.limit)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.limit is not None and self.saved is not None:
-            self.generate.max_new_tokens = self.saved
-
-
-def evaluate_iso(instances: Sequence[Mapping[str, Any]], generate: GenerateFn, cache: OutputCache, strategy: str,
-                 model_name: str, signature: str | None = None, image_root: str | os.PathLike | None = None,
-                 batch_size: int = 8, seed: int = 0, max_new_tokens: int | None = None,
-                 unparsable: str = "exclude") -> dict[str, Any]:
-    """ISO-Bench result of one (model, strategy): DEP/NONDEP P/R/F1 rows (baselines first), predictions.
-
-    Protocol of ISO-Bench App. H: the prompt of :func:`build_iso_prompt`, generation limited to
-    ``max_new_tokens`` (default: ``max_new_tokens`` of ``configs/prompts/iso.yaml``, 120), the first
-    YES/NO (``answer_only``) or the final ``<answer>`` tag (``explain``) as the answer, and
-    unparsable replies left out of the scores (``unparsable="exclude"``; ``"wrong"`` counts them as
-    errors). The limit is applied by setting ``generate.max_new_tokens`` for the duration of the
-    call when the generator has that attribute (:class:`HFGenerator`); any other callable must
-    honour it itself. The limit is part of every prompt hash. ``by_task`` holds the model's scores
-    on the ``before`` and ``after`` questions separately (as in ISO-Bench Figure 3).
-    """
-    limit = iso_max_new_tokens() if max_new_tokens is None else int(max_new_tokens)
-    signature = f"{signature or model_name}|iso_max_new_tokens={limit}"
-    queries = []
-    for inst in instances:
-        messages = build_iso_prompt(strategy, inst, image=resolve_image(inst.get("image"), image_root))
-        queries.append(make_query(inst["instance_id"], "iso", messages, signature, image_root))
-    with _TokenLimit(generate, limit):
-        outputs = run_queries(queries, generate, cache, batch_size,
-                              extra={"model": model_name, "task": "iso", "strategy": strategy})
-    preds = {q.item_id: parse_iso_answer(text, strategy) for q, text in zip(queries, outputs)}
-    gold = {inst["instance_id"]: inst["label"] for inst in instances}
-    rows = iso_rows(gold, {model_name: preds}, seed=seed, unparsable=unparsable)
-    by_task = {}
-    for task in ("before", "after"):
-        ids = [inst["instance_id"] for inst in instances if inst.get("task") == task]
-        if ids:
-            by_task[task] = iso_report({i: gold[i] for i in ids}, {i: preds[i] for i in ids}, unparsable)
-    return {"task": "iso", "model": model_name, "strategy": strategy, "modality": "image_text",
-            "num_instances": len(instances), "max_new_tokens": limit, "unparsable": unparsable, "rows": rows,
-            "columns": [list(c) for c in ISO_COLUMNS], "table": iso_table(rows), "by_task": by_task,
-            "predictions": preds}
-
-
-# ---------------------------------------------------------------- COHERENCE
-def evaluate_coherence(instances: Sequence[Mapping[str, Any]], generate: GenerateFn, cache: OutputCache,
-                       model_name: str, signature: str | None = None, image_root: str | os.PathLike | None = None,
-                       batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
-    """COHERENCE result of one model (App. D.1 prompt, §4.1 / App. E metrics).
-
-    Rows: exact match, partial score, reject accuracy, unparsable and invalid rates (baselines
-    first), each with ``by_source`` / ``by_difficulty``; ``table`` adds the per-domain table in the
-    layout of COHERENCE Table 1 when the instances carry a ``source``.
-    """
-    signature = signature or model_name
-    queries = []
-    for inst in instances:
-        images = [resolve_image(c, image_root) for c in inst["candidates"]]
-        queries.append(make_query(inst["instance_id"], "coherence", build_coherence_prompt(inst, images=images), signature,
-                                  image_root))
-    outputs = run_queries(queries, generate, cache, batch_size, extra={"model": model_name, "task": "coherence"})
-    preds = {inst["instance_id"]: parse_coherence_answer(text) for inst, text in zip(instances, outputs)}
-    rows = coherence_rows(instances, {model_name: preds}, seed=seed)
-    table = coherence_table(rows)
-    by_source = coherence_source_table(rows)
-    if by_source:
-        table += "\n\nBy source domain (COHERENCE Table 1 layout):\n\n" + by_source
-    return {"task": "coherence", "model": model_name, "strategy": "assign", "modality": "image_text",
-            "num_instances": len(instances), "rows": rows, "columns": [list(c) for c in COHERENCE_COLUMNS],
-            "table": table, "predictions": preds}
 
 
 # ---------------------------------------------------------------- outputs
