@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from data_modules.collate import StepCollator
 from data_modules.images import check_procedure_images
-from data_modules.sampling import epoch_loader
+from data_modules.sampling import SplitLoaders, epoch_loader
 from data_modules.views import PretrainingView, SequencingView
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure, ProcedureFormatError
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 TASKS = ("sequencing", "pretraining")
 
 
-class ProcedureDataModule(pl.LightningDataModule):
+class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
     """Builds a task view of each split and batches it with :class:`StepCollator`.
 
     Args:
@@ -144,15 +144,6 @@ class ProcedureDataModule(pl.LightningDataModule):
         return epoch_loader(self.datasets[split], batch_size=batch_size, shuffle=shuffle, seed=self.seed,
                             trainer=self.trainer, collate_fn=self.collator, num_workers=self.num_workers,
                             pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True, self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False, self.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False, self.eval_batch_size)
 
 
 def describe_source(source: Any, paths: dict[str, str], split: str) -> str:

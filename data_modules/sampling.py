@@ -132,6 +132,21 @@ class KeyedList(Dataset):
         return self.items[int(index)]
 
 
+class SplitLoaders:
+    """The three Lightning loader hooks of a data module, each through its ``_loader(split, shuffle,
+    batch_size)`` (which builds the loader with :func:`epoch_loader`): training shuffled per epoch
+    with ``batch_size``, validation and test in order with ``eval_batch_size``."""
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False, self.eval_batch_size)
+
+
 def shard_of(trainer: Any) -> tuple[int, int]:
     """``(world_size, global_rank)`` of the attached trainer; ``(1, 0)`` without one."""
     if trainer is None:

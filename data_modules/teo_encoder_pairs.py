@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from data_modules.adapters.catbench import read_catbench
 from data_modules.collate import first_sentences
-from data_modules.sampling import KeyedList, epoch_loader
+from data_modules.sampling import KeyedList, SplitLoaders, epoch_loader
 from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs, twin_presentations
 from seqaware.metrics.teo import TEO_LABEL_ID
 from seqaware.pretrained import load_tokenizer
@@ -53,7 +53,7 @@ class PairCollator:
                 "meta": items}
 
 
-class TeoEncoderPairsDataModule(pl.LightningDataModule):
+class TeoEncoderPairsDataModule(SplitLoaders, pl.LightningDataModule):
     """Procedures with DAGs -> TEO pair batches for an encoder head; CaT-Bench questions for testing.
 
     Args:
@@ -125,12 +125,3 @@ class TeoEncoderPairsDataModule(pl.LightningDataModule):
         return epoch_loader(KeyedList(self.items[split], name=f"{split} TEO pairs"), batch_size=batch_size,
                             shuffle=shuffle, seed=self.seed, trainer=self.trainer, collate_fn=self.collator,
                             num_workers=self.num_workers)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True, self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False, self.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False, self.eval_batch_size)

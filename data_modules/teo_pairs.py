@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from data_modules.images import ImageLoadError, check_procedure_images, open_rgb
-from data_modules.sampling import KeyedList, epoch_loader
+from data_modules.sampling import KeyedList, SplitLoaders, epoch_loader
 from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs, twin_presentations
 from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
 from seqaware.vlm.prompts import (MODALITIES, QUESTION_STRATEGIES, TEO_TARGET_FORMATS, build_teo_finetune_prompt,
@@ -190,7 +190,7 @@ class TeoChatCollator:
         return batch
 
 
-class TeoPairsDataModule(pl.LightningDataModule):
+class TeoPairsDataModule(SplitLoaders, pl.LightningDataModule):
     """TEO fine-tuning data module (see the module docstring).
 
     Args:
@@ -303,22 +303,10 @@ class TeoPairsDataModule(pl.LightningDataModule):
             raise ValueError(f"the '{split}' split has no TEO pairs (do its procedures have a 'dag'?)")
         return self.datasets[split]
 
-    def _loader(self, split: str, train: bool) -> DataLoader:
-        dataset = self._dataset(split)
+    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+        dataset, train = self._dataset(split), split == "train"
         lengths = [pair_length(p, self.modality) for p in dataset.items] if train and self.bucket_by_length else None
-        return epoch_loader(dataset, batch_size=self.batch_size if train else self.eval_batch_size, shuffle=train,
+        return epoch_loader(dataset, batch_size=batch_size, shuffle=shuffle,
                             seed=self.seed, trainer=self.trainer, collate_fn=self.collator(train), lengths=lengths,
                             bucket_factor=self.bucket_factor, num_workers=self.num_workers,
                             pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def _eval_loader(self, split: str) -> DataLoader:
-        return self._loader(split, False)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")

@@ -45,10 +45,12 @@ from data_modules.adapters.common import (
     ProblemLog,
     check_choice,
     check_split,
+    image_source,
+    mapped_record,
     read_instances,
+    resolve_fields,
     store_images,
 )
-from data_modules.adapters.iso import image_source, record_value, resolve_fields
 from data_modules.tasks.coherence import DIFFICULTY_NAMES, difficulty_of, placeholder
 from seqaware.procedure import SPLIT_PATTERN
 
@@ -80,17 +82,11 @@ def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str]
 def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], pattern: re.Pattern, gold_base: int,
               split: str, bins, seed: int, store: ImageStore, policy: str, url_root: str | None,
               seen: dict[str, str], log: ProblemLog, result: AdapterResult) -> dict[str, Any] | None:
-    if not isinstance(record, dict):
-        log.add(path, line, "?", "record", f"expected a JSON object, got {type(record).__name__}")
+    read = mapped_record(record, path, line, fmap, COHERENCE_FIELDS, REQUIRED, log)
+    if read is None:
         return None
-    value = {key: record_value(record, key, fmap) for key in COHERENCE_FIELDS}
-    iid = str(value["id"]) if value["id"] is not None else f"{path.stem}-{line}"
+    iid, value = read
     before = len(log)
-    for key in REQUIRED:
-        if value[key] is None:
-            log.add(path, line, iid, fmap[key], "missing field")
-    if len(log) > before:
-        return None
     text, candidates = value["text"], value["candidates"]
     if not isinstance(text, str):
         log.add(path, line, iid, fmap["text"], "must be a string")

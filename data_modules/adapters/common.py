@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from urllib.parse import urlparse
 
 from PIL import Image
 
@@ -351,6 +352,63 @@ def decode_embedded(value: Any) -> bytes | None:
 
 def is_url(value: str) -> bool:
     return bool(re.match(r"^[a-z][a-z0-9+.-]*://", value, flags=re.IGNORECASE))
+
+
+def image_source(value: Any, base: Path, url_root: str | Path | None) -> Path | bytes | str | None:
+    """Where a step image comes from (the value of an export's image field): a local path (relative to
+    ``base``), embedded bytes, None when there is no image, or a ``str`` reason it cannot be used
+    (see :func:`store_images`). Accepted: a path, a URL (only through a local mirror ``url_root``:
+    downloads are off), ``{"bytes": ...}`` / base64 text / a list of ints, or ``{"path": ...}``."""
+    if value is None or value == "" or value == {}:
+        return None
+    if isinstance(value, dict) and value.get("bytes") is None:
+        value = value.get("path")
+        if not value:
+            return None
+    if not isinstance(value, str):
+        data = decode_embedded(value)
+        return data if data is not None else f"image value is not a path, URL or embedded bytes ({type(value).__name__})"
+    if is_url(value):
+        if url_root is None:
+            return f"image URL {value} has no local copy (downloads are off; set option url_root to a local mirror)"
+        local = Path(url_root) / urlparse(value).path.lstrip("/")
+        return local if local.is_file() else f"image URL {value} has no local copy at {local}"
+    path = Path(value)
+    return path if path.is_absolute() else base / path
+
+
+def resolve_fields(fields: Mapping[str, str] | None, known: tuple[str, ...]) -> dict[str, str]:
+    """A field-mapped export's mapping (key -> dotted field) with defaults filled in (each key maps to
+    itself); an unknown key raises naming the valid ones."""
+    fields = dict(fields or {})
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise AdapterOptionError(f"option fields: unknown key(s) {unknown}; valid keys: {list(known)}")
+    return {key: str(fields.get(key, key)) for key in known}
+
+
+def record_value(record: Any, key: str, fields: dict[str, str]) -> Any:
+    """The value of ``key`` in ``record`` through the mapping, or None when the field is absent."""
+    try:
+        return get_path(record, fields[key])
+    except (KeyError, TypeError):
+        return None
+
+
+def mapped_record(record: Any, path: Path, line: int, fields: dict[str, str], known: tuple[str, ...],
+                  required: tuple[str, ...], log: "ProblemLog") -> tuple[str, dict[str, Any]] | None:
+    """``(id, {key: value})`` of one field-mapped export record (id default ``<file stem>-<line>``);
+    None, with the problems logged under the record's file, line, id and mapped field, when it is not
+    a JSON object or lacks a required field."""
+    if not isinstance(record, dict):
+        log.add(path, line, "?", "record", f"expected a JSON object, got {type(record).__name__}")
+        return None
+    value = {key: record_value(record, key, fields) for key in known}
+    iid = str(value["id"]) if value.get("id") is not None else f"{path.stem}-{line}"
+    missing = [key for key in required if value[key] is None]
+    for key in missing:
+        log.add(path, line, iid, fields[key], "missing field")
+    return None if missing else (iid, value)
 
 
 def store_images(

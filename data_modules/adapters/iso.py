@@ -29,7 +29,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import urlparse
 
 from data_modules.adapters.common import (
     AdapterOptionError,
@@ -39,10 +38,10 @@ from data_modules.adapters.common import (
     ProblemLog,
     check_choice,
     check_split,
-    decode_embedded,
-    get_path,
-    is_url,
+    image_source,
+    mapped_record,
     read_instances,
+    resolve_fields,
     store_images,
 )
 from data_modules.tasks.iso import ISO_LABELS
@@ -52,41 +51,6 @@ ISO_FIELDS = ("id", "snippet", "image", "question", "label", "task", "k", "split
 REQUIRED = ("snippet", "image", "label")
 DEFAULT_LABELS = {"yes": "DEP", "no": "NONDEP", "dep": "DEP", "nondep": "NONDEP", "true": "DEP", "false": "NONDEP",
                   "1": "DEP", "0": "NONDEP"}
-
-
-def resolve_fields(fields: Mapping[str, str] | None, known: tuple[str, ...]) -> dict[str, str]:
-    """The field mapping with defaults filled in; an unknown key raises naming the valid ones."""
-    fields = dict(fields or {})
-    unknown = sorted(set(fields) - set(known))
-    if unknown:
-        raise AdapterOptionError(f"option fields: unknown key(s) {unknown}; valid keys: {list(known)}")
-    return {key: str(fields.get(key, key)) for key in known}
-
-
-def image_source(value: Any, base: Path, url_root: str | None) -> Path | bytes | str | None:
-    """A step image value (path, URL or embedded bytes) -> what :func:`store_images` takes."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, dict) and value.get("bytes") is None and value.get("path"):
-        value = value["path"]
-    if not isinstance(value, str):
-        data = decode_embedded(value)
-        return data if data is not None else f"image value is not a path, URL or embedded bytes ({type(value).__name__})"
-    if is_url(value):
-        if url_root is None:
-            return f"image URL {value} has no local copy (downloads are off; set option url_root to a local mirror)"
-        local = Path(url_root) / urlparse(value).path.lstrip("/")
-        return local if local.is_file() else f"image URL {value} has no local copy at {local}"
-    path = Path(value)
-    return path if path.is_absolute() else base / path
-
-
-def record_value(record: Any, key: str, fields: dict[str, str]) -> Any:
-    """The value of ``key`` in ``record`` through the mapping, or None when the field is absent."""
-    try:
-        return get_path(record, fields[key])
-    except (KeyError, TypeError):
-        return None
 
 
 def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str] | None = None,
@@ -109,17 +73,11 @@ def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str]
 def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_map: dict[str, str], split: str,
               store: ImageStore, policy: str, url_root: str | None, seen: dict[str, str], log: ProblemLog,
               result: AdapterResult) -> dict[str, Any] | None:
-    if not isinstance(record, dict):
-        log.add(path, line, "?", "record", f"expected a JSON object, got {type(record).__name__}")
+    read = mapped_record(record, path, line, fmap, ISO_FIELDS, REQUIRED, log)
+    if read is None:
         return None
-    value = {key: record_value(record, key, fmap) for key in ISO_FIELDS}
-    iid = str(value["id"]) if value["id"] is not None else f"{path.stem}-{line}"
+    iid, value = read
     before = len(log)
-    for key in REQUIRED:
-        if value[key] is None:
-            log.add(path, line, iid, fmap[key], "missing field")
-    if len(log) > before:
-        return None
     snippet = value["snippet"]
     snippet = [snippet] if isinstance(snippet, str) else snippet
     if not isinstance(snippet, list) or not snippet or not all(isinstance(s, str) and s.strip() for s in snippet):

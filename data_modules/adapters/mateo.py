@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from data_modules.adapters.common import (
     IMAGE_POLICIES,
@@ -30,8 +29,7 @@ from data_modules.adapters.common import (
     ProblemLog,
     check_choice,
     check_procedure,
-    decode_embedded,
-    is_url,
+    image_source,
     iter_files,
     iter_json_records,
     split_from_name,
@@ -49,27 +47,6 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     except ImportError:
         raise ImportError(f"mateo: reading {path} needs pyarrow (pip install pyarrow), or export the dataset as JSON lines") from None
     return pq.read_table(path).to_pylist()
-
-
-def _image_source(value: Any, base: Path, url_root: Path | None) -> Path | bytes | str | None:
-    """Where a step image comes from: a local path, embedded bytes, None when the step has none, or
-    a ``str`` reason when it cannot be used (see :func:`store_images`)."""
-    if value is None or value == "" or value == {}:
-        return None
-    if isinstance(value, dict) and value.get("bytes") is None:
-        value = value.get("path")
-        if not value:
-            return None
-    if not isinstance(value, str):
-        data = decode_embedded(value)
-        return data if data is not None else f"embedded image is not bytes, base64 text or a list of ints ({type(value).__name__})"
-    if is_url(value):
-        if url_root is None:
-            return f"image URL {value} has no local copy (downloads are off; set option url_root to a local mirror)"
-        local = url_root / urlparse(value).path.lstrip("/")
-        return local if local.is_file() else f"image URL {value} has no local copy at {local}"
-    path = Path(value)
-    return path if path.is_absolute() else base / path
 
 
 def convert(src: Path, out_images: Path | None = None, language: str = "en", unreadable_image: str = "error",
@@ -161,7 +138,7 @@ def _convert_row(record: Any, path: Path, line: int, suffix: str, store: ImageSt
         log.add(path, line, rid, where, f"the step graph has a cycle: {' -> '.join(ids)} (step ids)")
         return
     base = path.parent
-    sources = [_image_source(step.get("image"), base, url_root) for step in steps]
+    sources = [image_source(step.get("image"), base, url_root) for step in steps]
     fields = [f"steps[{i}].image" for i in range(len(steps))]
     images = store_images(store, sources, rid, policy, log, (path, line), fields, result.dropped)
     if images is None:
