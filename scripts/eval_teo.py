@@ -86,13 +86,30 @@ def parse_config(argv: Sequence[str] | None = None) -> Any:
     return cfg
 
 
+def synthetic_world(name: str) -> dict[str, Any]:
+    """The synthetic world's settings from ``configs/source/<name>.yaml`` (their one home, shared with
+    the training data configs), without the Hydra source keys."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    folder = ROOT / "configs" / "source"
+    if not (folder / f"{name}.yaml").is_file():
+        choices = sorted(p.stem for p in folder.glob("synthetic*.yaml"))
+        raise SystemExit(f"synthetic_source={name!r}: no configs/source/{name}.yaml (choose one of {choices})")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
+        source = OmegaConf.to_container(compose(config_name=name), resolve=False)
+    GlobalHydra.instance().clear()
+    return {k: v for k, v in source.items() if not k.startswith("_") and k != "cache_dir"}
+
+
 def load_procedures(cfg: Any) -> tuple[list[Procedure], Path]:
     """The procedures to evaluate (``cfg.split`` only, at most ``cfg.limit``) and their image root."""
     if cfg.synthetic:
         from data_modules.synthetic import SyntheticConfig, ensure_synthetic
 
-        folder = ensure_synthetic(SyntheticConfig(**OmegaConf.to_container(cfg.synthetic_config)),
-                                  cfg.synthetic_cache_dir, progress=False)
+        world = {**synthetic_world(cfg.synthetic_source), **OmegaConf.to_container(cfg.synthetic_config)}
+        folder = ensure_synthetic(SyntheticConfig(**world), cfg.synthetic_cache_dir, progress=False)
         files = [Path(folder) / f"{s}.jsonl" for s in ("train", "val", "test")]
     elif cfg.procedures:
         files = [Path(cfg.procedures)]
