@@ -321,7 +321,6 @@ def test_catbench_reader_keeps_the_four_questions_of_one_number(tmp_path):
                                 f"(plan, type, number) repeats {path}:1"]
 
 
-
 def test_check_procedures_file_reports_every_problem_once(data):
     """All rules on one file: each bad line gives exactly its own message."""
     path = write_jsonl(data / "train.jsonl", [record("p1"), record("p1"), record("p3", "val"), "{oops"])

@@ -17,7 +17,6 @@ from seqaware.metrics.ordering import (
 )
 
 
-
 def __getattr__(name: str):
     """``OrderingMetrics`` is imported on first use (torchmetrics is slow to import)."""
     if name == "OrderingMetrics":

@@ -20,7 +20,6 @@ def _step(step: Mapping[str, Any], root: str | os.PathLike | None) -> dict[str, 
     return {"text": step.get("text"), "image": resolve_image(images[0], root) if images else None}
 
 
-
 def teo_queries(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], strategy: str, modality: str,
                 signature: str, image_root: str | os.PathLike | None = None) -> list[Query]:
     """One query per pair of the ``original`` and ``swapped`` sets; errors name the pair."""
