@@ -48,6 +48,8 @@ from seqaware.procedure import Procedure, Step, write_procedures
 log = logging.getLogger(__name__)
 
 GENERATOR = "synthetic-v1"
+HARD_GENERATOR = "hard-v2"
+"""Bumped when the hard world's procedures change (v2: at most two chains), so cached copies are redone."""
 SPLITS = ("train", "val", "test")
 CATEGORIES = ("stacking", "filling", "garden")
 _SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
@@ -761,13 +763,15 @@ def _composition(rng: np.random.Generator, total: int, parts: int, most: int) ->
     return tuple(lengths)
 
 
-def _plan_structure(rng: np.random.Generator, num_steps: int, spec: _CategorySpec, min_chains: int = 2) -> Structure:
+def _plan_structure(rng: np.random.Generator, num_steps: int, spec: _CategorySpec, min_chains: int = 2,
+                    max_chains: int | None = None) -> Structure:
     """Root / chains / join layout of a procedure with ``num_steps`` steps.
 
-    ``min_chains`` (2, or 1 in the hard world) to three chains (one chain only for two-step
-    procedures); the DAG always has at least one edge, so a procedure made only of one-step chains
-    gets a root or a join step.
+    ``min_chains`` (2, or 1 in the hard world) to ``max_chains`` chains (the category's three, or 2
+    in the hard world; one chain only for two-step procedures); the DAG always has at least one
+    edge, so a procedure made only of one-step chains gets a root or a join step.
     """
+    most_chains = spec.max_chains if max_chains is None else min(max_chains, spec.max_chains)
     if num_steps == 2:
         return Structure(root=False, lengths=(2,), span=None)
     want_root = bool(rng.random() < spec.root_prob)
@@ -778,7 +782,7 @@ def _plan_structure(rng: np.random.Generator, num_steps: int, spec: _CategorySpe
         if (root and spec.root_prob == 0) or (join and spec.join_prob == 0):
             continue
         rest = num_steps - root - join
-        counts = [k for k in range(min_chains, spec.max_chains + 1)
+        counts = [k for k in range(min_chains, most_chains + 1)
                   if k <= rest <= k * spec.max_chain and (root or join or rest > k) and (k >= 2 or not join)]
         if not counts:
             continue
@@ -852,7 +856,10 @@ def make_procedure(cfg: SyntheticConfig, split: str, index: int, out_dir: str | 
     category = cfg.categories[index % len(cfg.categories)]
     spec = _CATEGORY_SPECS[category]
     num_steps = int(rng.integers(cfg.min_steps, cfg.max_steps + 1))
-    scene = spec.build(rng, _plan_structure(rng, num_steps, spec, min_chains=1 if hard else 2))
+    # hard: one or two chains, so more procedures have long chains (one valid order) than branching DAGs
+    structure = _plan_structure(rng, num_steps, spec, min_chains=1, max_chains=2) if hard else \
+        _plan_structure(rng, num_steps, spec)
+    scene = spec.build(rng, structure)
 
     # Flatten the plan into nodes with direct dependencies: root -> chain heads, chain links, tails -> join.
     nodes: list[_Node] = []
@@ -950,6 +957,8 @@ def config_key(cfg: SyntheticConfig) -> str:
     fields = asdict(cfg)
     if fields["difficulty"] == "easy":  # the field came later: easy worlds keep their cache folders
         del fields["difficulty"]
+    else:
+        fields["hard_generator"] = HARD_GENERATOR
     payload = json.dumps({"generator": GENERATOR, **fields}, sort_keys=True, default=list)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
