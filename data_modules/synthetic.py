@@ -77,7 +77,8 @@ class SyntheticConfig:
     """``easy``: each image shows the cumulative scene, so the order is readable from the images.
     ``hard``: each image shows only the object its step adds (moved to a random place, beside
     neutral distractor shapes) and each text names what the step needs, not what it adds; neither
-    modality alone gives the order, the two together determine the DAG (see :func:`make_procedure`)."""
+    modality alone gives the order, the two together determine the DAG (see :func:`make_procedure`);
+    a procedure has one or two chains, so long chains with a single valid order are common."""
 
     def __post_init__(self) -> None:
         # Normalize types (Hydra passes ListConfig, YAML may give 0 for 0.0) so equal configs hash alike.
