@@ -185,6 +185,19 @@ def teo_rows(
     return rows
 
 
+def predicted_pair_rows(original: Sequence[tuple[Mapping[str, Any], Any]], swapped: Sequence[tuple[Mapping[str, Any], Any]],
+                        system: str) -> tuple[dict[str, dict[str, Any]], list, list]:
+    """TEO rows (baselines, then ``system``) of ``(pair, predicted label)`` presentations, scored on the
+    pairs seen in both presentations (:func:`complete_pairs`); also the kept entries of each set.
+    The rows are empty when no pair is complete."""
+    original, swapped = complete_pairs(original, swapped, pair=lambda entry: entry[0])
+    if not original:
+        return {}, original, swapped
+    rows = teo_rows([p for p, _ in original], [p for p, _ in swapped],
+                    {system: ({p["pair_id"]: y for p, y in original}, {p["pair_id"]: y for p, y in swapped})})
+    return rows, original, swapped
+
+
 def teo_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     """Markdown table of TEO reports (percentages), one row per system."""
     return format_table(rows, TEO_COLUMNS)

@@ -25,7 +25,7 @@ from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids
 from seqaware.metrics.classification import binary_rows, format_table, twin_consistency
-from seqaware.metrics.teo import TEO_LABELS, complete_pairs, teo_rows, teo_table
+from seqaware.metrics.teo import TEO_LABELS, predicted_pair_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
@@ -120,15 +120,13 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
         original = [(item["pair"], pred) for item, pred in outputs if item.get("set") == "original"]
         swapped = [(item["pair"], pred) for item, pred in outputs if item.get("set") == "swapped"]
         # consistency needs both presentations of a pair: with limit_*_batches some may be unseen
-        complete_original, complete_swapped = complete_pairs(original, swapped, pair=lambda entry: entry[0])
-        if len(complete_original) < len(original) or len(complete_swapped) < len(swapped):
+        rows, kept_original, kept_swapped = predicted_pair_rows(original, swapped, "teo head")
+        if len(kept_original) < len(original) or len(kept_swapped) < len(swapped):
             log.warning("%s: %d of %d pairs were seen in both presentations; scoring those only",
-                        stage, len(complete_original), max(len(original), len(swapped)))
-            original, swapped = complete_original, complete_swapped
-        if not original:
+                        stage, len(kept_original), max(len(original), len(swapped)))
+        original, swapped = kept_original, kept_swapped
+        if not rows:
             return {}
-        rows = teo_rows([p for p, _ in original], [p for p, _ in swapped],
-                        {"teo head": ({p["pair_id"]: y for p, y in original}, {p["pair_id"]: y for p, y in swapped})})
         ours = rows["teo head"]
         self.log_dict({f"{stage}/teo_{k}": float(ours[k]) for k in
                        ("consistency_accuracy", "macro_f1", "f1_before", "f1_after", "f1_independent")})

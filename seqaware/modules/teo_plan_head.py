@@ -49,7 +49,7 @@ from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps
 from seqaware.metrics.classification import binary_rows, choose_threshold, format_table, twin_consistency
-from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, complete_pairs, teo_rows, teo_table
+from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, predicted_pair_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
 log = logging.getLogger(__name__)
@@ -284,15 +284,13 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         binary = binary_rows(gold, {"plan head": answers})["plan head"]
         self.log_dict({f"{stage}/pair_{k}": float(binary[key]) for k, key in
                        (("accuracy", "accuracy"), ("f1_yes", "f1"), ("macro_f1", "macro_f1"))}, sync_dist=False)
-        orig, swap = complete_pairs([(r["pair"], y) for r, y in zip(original, rel_original)],
-                                    [(r["pair"], y) for r, y in zip(swapped, rel_swapped)], pair=lambda entry: entry[0])
+        rows, orig, swap = predicted_pair_rows([(r["pair"], y) for r, y in zip(original, rel_original)],
+                                               [(r["pair"], y) for r, y in zip(swapped, rel_swapped)], "plan head")
         if len(orig) < len(original):
             log.warning("%s: %d of %d pairs were seen in both presentations; TEO scores use those only",
                         stage, len(orig), len(original))
-        if not orig:
+        if not rows:
             return {}
-        rows = teo_rows([p for p, _ in orig], [p for p, _ in swap],
-                        {"plan head": ({p["pair_id"]: y for p, y in orig}, {p["pair_id"]: y for p, y in swap})})
         ours = rows["plan head"]
         self.log_dict({f"{stage}/teo_{k}": float(ours[k]) for k in
                        ("consistency_accuracy", "consistency_dependent", "macro_f1", "f1_before", "f1_after",
