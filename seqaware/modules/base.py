@@ -2,14 +2,16 @@
 ordering evaluation."""
 from __future__ import annotations
 
+import inspect
 import logging
+import math
 import random
 from typing import Any, Callable, Hashable
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_method, instantiate
 from torch import nn
 
 from seqaware.config import to_plain
@@ -87,7 +89,9 @@ class SeqawareModule(pl.LightningModule):
     saves RNG states in checkpoints.
 
     ``optimizer`` is a config with ``_target_`` (e.g. ``torch.optim.AdamW``) and its arguments;
-    ``scheduler`` is optional: ``{_target_: ..., interval: step|epoch, ...}``.
+    ``scheduler`` is optional: ``{_target_: ..., interval: step|epoch, ...}``; a transformers schedule
+    that takes ``num_training_steps`` gets the run's optimizer steps, and ``warmup_ratio: r`` sets its
+    ``num_warmup_steps`` to ``ceil(r * steps)``.
 
     Train mode.  ``from_pretrained`` returns modules in eval mode and Lightning (>= 2.2) keeps the
     modes it finds, so a fine-tuned pretrained encoder would train with every Dropout off.  At
@@ -140,8 +144,18 @@ class SeqawareModule(pl.LightningModule):
             return optimizer
         sched_cfg = dict(sched_cfg)
         interval = sched_cfg.pop("interval", "step")
-        if sched_cfg.get("_target_") == "transformers.get_linear_schedule_with_warmup":
-            sched_cfg.setdefault("num_training_steps", self.trainer.estimated_stepping_batches)
+        warmup_ratio = sched_cfg.pop("warmup_ratio", None)
+        params = inspect.signature(get_method(sched_cfg["_target_"])).parameters
+        total = self.trainer.estimated_stepping_batches  # the run's optimizer steps (inf without a bound)
+        if "num_training_steps" in params:  # transformers' decaying schedules: decay over the whole run
+            sched_cfg.setdefault("num_training_steps", int(total))
+        if warmup_ratio is not None:  # warm-up as a fraction of the run (any max_steps), not a step count
+            if "num_warmup_steps" not in params or "num_warmup_steps" in sched_cfg:
+                raise ValueError(f"model.scheduler.warmup_ratio needs a warm-up schedule without num_warmup_steps "
+                                 f"(e.g. transformers.get_linear_schedule_with_warmup), got {dict(sched_cfg)}")
+            if not 0 <= float(warmup_ratio) < 1:
+                raise ValueError(f"model.scheduler.warmup_ratio must be in [0, 1), got {warmup_ratio!r}")
+            sched_cfg["num_warmup_steps"] = math.ceil(float(warmup_ratio) * total)
         scheduler = instantiate(sched_cfg, optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
