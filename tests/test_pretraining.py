@@ -18,7 +18,7 @@ from hydra.errors import InstantiationException
 
 import train
 from conftest import TINY_BERT, tiny_pretrain
-from seqaware.modules.pretraining import PretrainingModule
+from seqaware.modules.pretraining import PretrainingModule, chance_table
 from seqaware.objectives import Objective
 from seqaware.objectives.corruption import corrupt_per_sample, stable_seed
 
@@ -475,10 +475,10 @@ def test_eval_metrics_sum_targets_over_the_split_and_count_each_sequence_once():
     assert module._eval_groups() == [("mlm", "isp"), ("mlm", "pisp")]
     a = {"0/mlm/loss": 3.0, "0/mlm/correct": 1.0, "0/mlm/count": 2.0, "0/isp/loss": 0.5, "0/isp/correct": 1.0,
          "0/isp/count": 1.0, "1/mlm/loss": 1.0, "1/mlm/correct": 2.0, "1/mlm/count": 2.0, "1/pisp/loss": 0.2,
-         "1/pisp/correct": 1.0, "1/pisp/count": 1.0}
+         "1/pisp/correct": 1.0, "1/pisp/count": 1.0, "0/isp/swapped": 1.0, "1/pisp/swapped": 1.0}
     b = {"0/mlm/loss": 6.0, "0/mlm/correct": 0.0, "0/mlm/count": 4.0, "0/isp/loss": 1.5, "0/isp/correct": 0.0,
          "0/isp/count": 1.0, "1/mlm/loss": 2.0, "1/mlm/correct": 4.0, "1/mlm/count": 4.0, "1/pisp/loss": 0.6,
-         "1/pisp/correct": 0.0, "1/pisp/count": 1.0}
+         "1/pisp/correct": 0.0, "1/pisp/count": 1.0, "0/isp/swapped": 0.0, "1/pisp/swapped": 1.0}
     logged = {}
     module.log_dict = lambda values, **kw: logged.update(values)
     module._eval_records["test"] = [{"id": "a", "stats": a}, {"id": "b", "stats": b}, {"id": "a", "stats": a}]
@@ -492,6 +492,23 @@ def test_eval_metrics_sum_targets_over_the_split_and_count_each_sequence_once():
     # the mean over groups of each group's summed losses: ((1.5 + 1.0) + (0.5 + 0.4)) / 2
     assert logged["test/loss"] == pytest.approx(1.7)
     assert module._eval_records["test"] == []
+    # chance: a uniform guess over the vocabulary (MLM), the better constant answer (ISP: one of the two
+    # sequences swapped; PISP: both), printed beside the accuracies
+    assert logged["test/mlm_chance"] == pytest.approx(1 / module.objectives["mlm"].vocab_size)
+    assert logged["test/isp_chance"] == 0.5 and logged["test/pisp_chance"] == 1.0
+    table = chance_table(logged, "test", ("mlm", "isp", "pisp"))
+    assert "| ISP | 0.500 | 0.5 | 1.0 |" in table and "| PISP | 0.500 | 1 | 0.5 |" in table
+
+
+def test_smrm_chance_is_the_mean_uniform_guess_over_its_candidates():
+    """SMRM's chance is the mean over masked regions of 1 / (its number of candidates)."""
+    module = tiny_module("mlm_smrm")
+    a = {"0/mlm/loss": 1.0, "0/mlm/correct": 1.0, "0/mlm/count": 1.0, "0/smrm/loss": 2.0, "0/smrm/correct": 1.0,
+         "0/smrm/count": 2.0, "0/smrm/num_candidates": 2 * 4.0, "0/smrm/chance": 2 * 0.25}
+    b = dict(a, **{"0/smrm/count": 1.0, "0/smrm/num_candidates": 10.0, "0/smrm/chance": 0.1})
+    values = module.eval_metrics([{"id": "a", "stats": a}, {"id": "b", "stats": b}], "val")
+    assert values["val/smrm_chance"] == pytest.approx((0.25 + 0.25 + 0.1) / 3)
+    assert values["val/smrm_num_candidates"] == pytest.approx(6.0)
 
 
 def test_sample_stats_add_up_to_the_batch_mean():

@@ -101,6 +101,18 @@ def freeze_batchnorm_layers(module: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def chance_table(values: dict[str, float], stage: str, names: tuple[str, ...]) -> str:
+    """Each objective's accuracy beside its chance level (``eval_metrics`` values), as markdown."""
+    lines = [f"| objective | {stage} acc | chance | x chance |", "|---|---:|---:|---:|"]
+    for name in names:
+        acc, chance = values.get(f"{stage}/{name}_acc"), values.get(f"{stage}/{name}_chance")
+        if acc is None or chance is None:
+            continue
+        ratio = f"{acc / chance:.1f}" if chance > 0 else "-"
+        lines.append(f"| {name.upper()} | {acc:.3f} | {chance:.4g} | {ratio} |")
+    return "\n".join(lines)
+
+
 class PretrainingModule(GatheredEvalMixin, SeqawareModule):
     """Sequence-aware pretraining of a single-stream encoder (see the module docstring).
 
@@ -372,7 +384,9 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
 
         ``<stage>/<obj>_loss`` and ``_acc`` (and extras such as ``smrm_num_candidates``) are sums
         over every target of the split divided by the number of targets, averaged over the groups
-        the objective ran in (MLM runs in each); ``<stage>/loss`` is the mean over groups of the
+        the objective ran in (MLM runs in each); ``<stage>/<obj>_chance`` is the accuracy without
+        learning (:meth:`~seqaware.objectives.base.Objective.chance`: 1 / vocabulary for MLM, the
+        better constant answer for ISP / PISP, 1 / candidates for SMRM); ``<stage>/loss`` is the mean over groups of the
         group's summed objective losses (the training loss in expectation); ``<stage>/n`` counts
         the sequences.
         """
@@ -394,6 +408,11 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
                         group_loss += value
             group_losses.append(group_loss)
         values = {f"{stage}/{k}": sum(v) / len(v) for k, v in per_name.items()}
+        for name, objective in self.objectives.items():
+            stats = {k[len(name) + 1:]: values[f"{stage}/{k}"] for k in per_name if k.startswith(f"{name}_")}
+            chance = objective.chance(stats) if "acc" in stats else None
+            if chance is not None:
+                values[f"{stage}/{name}_chance"] = float(chance)
         values[f"{stage}/loss"] = sum(group_losses) / len(group_losses)
         values[f"{stage}/n"] = float(len(records))
         return values
@@ -403,7 +422,10 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         records = gather_unique(self._eval_records[stage], key=lambda r: r["id"])
         self._eval_records[stage] = []
         if records:  # every rank holds the same records, hence the same values: nothing to reduce
-            self.log_dict(self.eval_metrics(records, stage), sync_dist=False)
+            values = self.eval_metrics(records, stage)
+            self.log_dict(values, sync_dist=False)
+            if stage == "test" and (self._trainer is None or self.trainer.is_global_zero):
+                print("\n" + chance_table(values, stage, tuple(self.objectives)), flush=True)  # after the progress bar
 
     def validation_step(self, batch: dict, batch_idx: int) -> Optional[dict]:
         return self._eval_step("val", batch, batch_idx)

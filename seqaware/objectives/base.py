@@ -136,6 +136,12 @@ class Objective(nn.Module):
     def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
         raise NotImplementedError
 
+    def chance(self, stats: dict[str, float]) -> Optional[float]:
+        """The accuracy a model that ignores its input would get on a split, from the split's
+        per-target means ``stats`` (``acc``, ``loss`` and the extras of :meth:`outcomes`): the bar
+        an objective must clear to have learned anything.  Default: the ``chance`` extra, if any."""
+        return stats.get("chance")
+
     def forward(self, outputs: EncoderOutput, targets: dict, **extra) -> tuple[torch.Tensor, dict]:
         """Mean loss over the batch's targets and the logs; a batch without targets gives a zero
         loss that is still attached to the graph (DDP's reducer expects every head's gradient)."""
@@ -186,6 +192,11 @@ class SwapClassificationObjective(Objective):
         labels = targets[f"{self.name}_labels"]
         return torch.tensor(labels.shape[0], device=labels.device)
 
+    def chance(self, stats: dict[str, float]) -> Optional[float]:
+        """The better constant answer's accuracy: ``max(p, 1 - p)``, p the split's share of swapped
+        sequences (about ``delta``)."""
+        return max(stats["swapped"], 1.0 - stats["swapped"]) if "swapped" in stats else None
+
     @torch.no_grad()
     def show(self, outputs: EncoderOutput, targets: dict, rows: int,
              decode: Callable[[list[int]], list[str]]) -> tuple[list[str], list[str]]:
@@ -198,4 +209,5 @@ class SwapClassificationObjective(Objective):
         logits = self.head(outputs.cls)
         return Outcomes(loss=F.cross_entropy(logits, labels, reduction="none"),
                         correct=logits.argmax(-1) == labels,
-                        sample=torch.arange(labels.shape[0], device=labels.device))
+                        sample=torch.arange(labels.shape[0], device=labels.device),
+                        extras={"swapped": labels.float()})

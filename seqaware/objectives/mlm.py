@@ -163,6 +163,10 @@ class MaskedLanguageModeling(Objective):
         return ([words(labels[b][where[b]].tolist()) for b in range(len(labels))],
                 [words(pred[b][where[b]].tolist()) for b in range(len(labels))])
 
+    def chance(self, stats: dict[str, float]) -> float:
+        """A uniform guess over the vocabulary."""
+        return 1.0 / self.vocab_size
+
     def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
         labels = targets["mlm_labels"]
         where = labels != IGNORE_INDEX

@@ -190,7 +190,8 @@ class SequentialMaskedRegionModeling(Objective):
     def outcomes(self, outputs: EncoderOutput, targets: dict, target_states: Optional[torch.Tensor] = None,
                  generator: Optional[torch.Generator] = None, **extra) -> Outcomes:
         """Per masked region: the loss over its candidates, whether the gold one scored highest,
-        and the number of candidates (``smrm_num_candidates`` in the logs).
+        the number of candidates (``smrm_num_candidates`` in the logs) and ``1 / candidates``, a
+        uniform guess's accuracy (``smrm_chance``).
 
         ``target_states`` (B, S, P, H) from :meth:`select_target_states` is required; ``generator``
         (optional) drives the per-position candidate shuffle (ties go to a random candidate).
@@ -204,7 +205,8 @@ class SequentialMaskedRegionModeling(Objective):
         sample_of = torch.arange(B, device=mask.device)[:, None, None].expand_as(mask)[mask]
         if queries.shape[0] == 0:  # nothing masked: empty outcomes, still attached to the graph
             empty = queries.sum(-1)
-            return Outcomes(loss=empty, correct=empty.bool(), sample=sample_of, extras={"num_candidates": empty.detach()})
+            return Outcomes(loss=empty, correct=empty.bool(), sample=sample_of,
+                            extras={"num_candidates": empty.detach(), "chance": empty.detach()})
         tgt = target_states.detach()[mask]
         bank, valid, group, gold = self._candidates(tgt, sample_of, B)
 
@@ -214,5 +216,6 @@ class SequentialMaskedRegionModeling(Objective):
         perm = noise.to(scores.device).argsort(dim=1)  # shuffled column c holds candidate perm[:, c]
         scores = scores.gather(1, perm)
         gold = perm.argsort(dim=1).gather(1, gold[:, None]).squeeze(1)
+        candidates = valid[group].sum(1).float()
         return Outcomes(loss=F.cross_entropy(scores, gold, reduction="none"), correct=scores.argmax(-1) == gold,
-                        sample=sample_of, extras={"num_candidates": valid[group].sum(1).float()})
+                        sample=sample_of, extras={"num_candidates": candidates, "chance": 1.0 / candidates})
