@@ -89,3 +89,44 @@ def test_wu2022_linear_warmup_then_decay_on_the_optimizer(compose_train):
         scheduler.step()
     assert lrs[0] == 0.0 and lrs[50] == pytest.approx(2.5e-6) and lrs[100] == pytest.approx(5e-6)
     assert lrs[200] == pytest.approx(2.5e-6) and lrs[299] == pytest.approx(5e-6 / 200)
+
+
+class _Steps:
+    estimated_stepping_batches = 200
+
+
+@pytest.mark.parametrize("ratio, warmup", [(0.1, 20), (0.0, 0), (0.051, 11)])
+def test_warmup_ratio_is_a_fraction_of_the_run(ratio, warmup):
+    """``model.scheduler.warmup_ratio`` warms up over ceil(ratio x the run's optimizer steps), then
+    decays linearly to 0 at the last step (what the pretraining experiments use for any max_steps)."""
+    from seqaware.modules.base import SeqawareModule
+
+    module = SeqawareModule()
+    module.weight = torch.nn.Parameter(torch.zeros(1))
+    module.hparams.update(optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3},
+                          scheduler={"_target_": "transformers.get_linear_schedule_with_warmup",
+                                     "warmup_ratio": ratio, "interval": "step"})
+    module._trainer = _Steps()
+    built = module.configure_optimizers()
+    optimizer, scheduler = built["optimizer"], built["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(200):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) == warmup
+    assert lrs[-1] == pytest.approx(1e-3 / (200 - warmup))
+
+
+def test_warmup_ratio_with_a_step_count_or_a_schedule_without_warmup_is_a_clear_error():
+    from seqaware.modules.base import SeqawareModule
+
+    for sched in ({"_target_": "transformers.get_linear_schedule_with_warmup", "warmup_ratio": 0.1,
+                   "num_warmup_steps": 5},
+                  {"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_ratio": 0.1, "step_size": 10}):
+        module = SeqawareModule()
+        module.weight = torch.nn.Parameter(torch.zeros(1))
+        module.hparams.update(optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3}, scheduler=sched)
+        module._trainer = _Steps()
+        with pytest.raises(ValueError, match="warmup_ratio"):
+            module.configure_optimizers()
