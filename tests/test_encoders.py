@@ -591,3 +591,48 @@ def test_paper_preset_without_local_weights_fails_fast_naming_what_to_set(compos
         instantiate(cfg.model.encoder)                   # hydra wraps the error in InstantiationException
     assert time.monotonic() - start < 15
     assert PretrainedUnavailableError in {type(err.value), type(err.value.__cause__)}
+
+
+@pytest.mark.parametrize("name", ["clipvil", "visualbert"])
+def test_frozen_backbone_features_are_computed_once_per_image(name):
+    """With a frozen backbone each distinct image runs through it once; the cached features equal a
+    fresh computation, a trainable backbone is never cached, and loading weights empties the cache."""
+    torch.manual_seed(0)
+    frozen = create_encoder(name, **dict(TINY_ENCODERS[name], visual=dict(TINY_ENCODERS[name]["visual"], trainable=False)))
+    batch = fake_batch()
+    calls = []
+    tower = frozen.visual.grid if name == "visualbert" else frozen.visual.tokens
+    entry = "grid" if name == "visualbert" else "tokens"
+    setattr(frozen.visual, entry, lambda pixels: calls.append(len(pixels)) or tower(pixels))
+    first = fusion_input(frozen, batch)["visual_feats"]
+    again = fusion_input(frozen, batch)["visual_feats"]
+    assert calls == [6] and len(frozen.feature_cache) == 6  # 2 x 3 distinct images, once
+    assert torch.equal(first, again)
+    frozen.feature_cache.clear()
+    assert torch.allclose(fusion_input(frozen, batch)["visual_feats"], first, atol=1e-6)
+    # a repeated image in one batch is computed once too
+    twice = dict(batch, pixel_values=batch["pixel_values"][:, :1].expand_as(batch["pixel_values"]).clone())
+    frozen.feature_cache.clear()
+    calls.clear()
+    fusion_input(frozen, twice)
+    assert calls == [2]
+    # new weights for the tower: the cache is emptied
+    frozen.visual.load_state_dict(frozen.visual.state_dict())
+    assert len(frozen.feature_cache) == 0
+
+    trainable = create_encoder(name, **TINY_ENCODERS[name])
+    fusion_input(trainable, batch)
+    assert len(trainable.feature_cache) == 0
+    off = create_encoder(name, feature_cache_mb=0, **dict(TINY_ENCODERS[name], visual=dict(TINY_ENCODERS[name]["visual"], trainable=False)))
+    assert off.feature_cache is None
+
+
+def test_frozen_feature_cache_stops_growing_at_its_size():
+    from seqaware.encoders.visual import FrozenFeatureCache
+
+    cache = FrozenFeatureCache(max_mb=3 * 4 * 10 / 2 ** 20)  # room for 3 images of 10 float32 values
+    fn = lambda pixels: pixels.flatten(1)[:, :10] * 2  # noqa: E731
+    pixels = torch.randn(5, 1, 4, 4)
+    out = cache(fn, pixels, "t")
+    assert torch.equal(out, fn(pixels)) and len(cache) == 3
+    assert torch.equal(cache(fn, pixels, "t"), fn(pixels)) and cache.hits == 3 and cache.misses == 7

@@ -46,7 +46,7 @@ from torch import nn
 from seqaware.encoders.base import plain_config, SequenceEncoder
 from seqaware.encoders.regions import GEOMETRY_DIM, BoxRegionFeatures
 from seqaware.encoders.text import TextEncoder
-from seqaware.encoders.visual import VisualBackbone, create_visual_backbone
+from seqaware.encoders.visual import FrozenFeatureCache, VisualBackbone, create_visual_backbone
 from seqaware.encoders.contract import EncoderOutput
 
 MODALITIES = ("multimodal", "image", "text")
@@ -85,6 +85,10 @@ class SingleStreamEncoder(SequenceEncoder):
             mean norm of the text model's word embeddings, so the position, token-type and step
             embeddings added to the visual tokens are not drowned (see the module docstring); a
             number sets the gain directly (1.0: the plain LayerNorm initialisation).
+        feature_cache_mb: with a frozen visual backbone (``trainable: false``), keep each image's
+            backbone output in memory, up to this many megabytes, instead of recomputing it at every
+            step (:class:`~seqaware.encoders.visual.FrozenFeatureCache`); 0 turns it off.  A trainable
+            backbone is never cached.
     """
 
     def __init__(self, name_or_path: str = "offline:minilm", config: Optional[Mapping] = None,
@@ -93,7 +97,7 @@ class SingleStreamEncoder(SequenceEncoder):
                  visual_feature_dim: Optional[int] = None, step_embedding: bool = True, max_steps: int = 16,
                  visual_positions: str = "image", attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
                  visual_scale: str | float = "text",
-                 step_init_std: Optional[float] = None):
+                 step_init_std: Optional[float] = None, feature_cache_mb: float = 2048):
         super().__init__()
         if modality not in MODALITIES:
             raise ValueError(f"SingleStreamEncoder modality must be one of {MODALITIES}, got {modality!r}")
@@ -123,6 +127,7 @@ class SingleStreamEncoder(SequenceEncoder):
         eps = float(getattr(hf_cfg, "layer_norm_eps", 1e-12))
 
         self.visual: Optional[VisualBackbone] = None
+        self.feature_cache: Optional[FrozenFeatureCache] = None
         self.regions = None
         self.geometry = False
         self.visual_proj = self.geometry_proj = self.visual_norm = None
@@ -130,6 +135,10 @@ class SingleStreamEncoder(SequenceEncoder):
         if self.uses_images:  # modality text: the same encoder without any visual part (text-only ablations)
             vis_cfg = _plain(visual)
             self.visual = create_visual_backbone(**vis_cfg) if vis_cfg else None
+            if self.visual is not None and float(feature_cache_mb) > 0:
+                self.feature_cache = FrozenFeatureCache(feature_cache_mb)
+                # new weights, new features: empty the cache whenever the tower's weights are loaded
+                self.visual.register_load_state_dict_post_hook(self._clear_feature_cache)
             self.regions = BoxRegionFeatures(**_plain(regions)) if regions is not None else None
             if self.regions is not None and (self.visual is None or not self.visual.is_grid):
                 raise ValueError("regions need a CNN grid backbone (backbones.visual.name: efficientnet_lite0 or resnet50)")
@@ -193,12 +202,23 @@ class SingleStreamEncoder(SequenceEncoder):
                              "features with data.collator.region_features=DIR (scripts/extract_features.py --out DIR) "
                              "or put them in the fusion input's 'visual_feats'")
         if self.regions is None:
-            return self.visual(pixel_values), None
+            return self._backbone(self.visual, pixel_values, "tokens"), None
         if boxes is None or box_mask is None:
             raise ValueError("the region encoder needs object boxes: set data.collator.max_boxes > 0 "
                              "(the synthetic data records them)")
-        feats, geometry, mask = self.regions(self.visual.grid(pixel_values), boxes, box_mask)
+        feats, geometry, mask = self.regions(self._backbone(self.visual.grid, pixel_values, "grid"), boxes, box_mask)
         return torch.cat([feats, geometry.to(feats.dtype)], dim=-1), mask
+
+    def _clear_feature_cache(self, module: nn.Module, incompatible_keys: Any) -> None:
+        if self.feature_cache is not None:
+            self.feature_cache.clear()
+
+    def _backbone(self, fn, pixels: torch.Tensor, tag: str) -> torch.Tensor:
+        """``fn(pixels)`` through the frozen-feature cache when the backbone is frozen."""
+        frozen = not self.visual.trainable and not any(p.requires_grad for p in self.visual.parameters())
+        if self.feature_cache is None or not frozen:
+            return fn(pixels)
+        return self.feature_cache(fn, pixels, tag)
 
     def project_visual(self, feats: torch.Tensor) -> torch.Tensor:
         """``(..., D[+7])`` visual features -> ``(..., H)`` input tokens (Linear [+ geometry] + LayerNorm)."""

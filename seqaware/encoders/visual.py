@@ -25,6 +25,8 @@ within seconds naming the config key (``ckpt``) that takes a local weights file.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -43,6 +45,7 @@ LITE_MEAN = (0.5, 0.5, 0.5)
 LITE_STD = (0.5, 0.5, 0.5)
 
 VISUAL_BACKBONES: dict[str, Callable[..., "VisualBackbone"]] = {}
+log = logging.getLogger(__name__)
 
 
 def register_visual(name: str) -> Callable[[Callable[..., "VisualBackbone"]], Callable[..., "VisualBackbone"]]:
@@ -115,6 +118,64 @@ class VisualBackbone(nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
             return self.tokens(pixels)
+
+
+class FrozenFeatureCache:
+    """Memoises a frozen backbone's output per image, so each image runs through it once per process.
+
+    A frozen backbone (``trainable: false``: no gradients, eval mode, BatchNorm statistics fixed) maps
+    the same pixels to the same features, so recomputing them at every step and epoch is wasted work:
+    on the 2-core CPU the EfficientNet-Lite0 forward of a pretraining batch (16 sequences x 4 images at
+    128 px) was about 40% of the step.  Images are keyed by a hash of their pixel values (with the
+    entry point and the autocast state), so the cache is right whatever produced the batch.  It holds
+    at most ``max_mb`` megabytes (later images are computed every time once it is full) and is
+    emptied by :meth:`clear` (the encoder does so when weights are loaded).
+    """
+
+    def __init__(self, max_mb: float = 2048):
+        self.max_bytes = int(float(max_mb) * 2 ** 20)
+        self.entries: dict[tuple, torch.Tensor] = {}
+        self.bytes = 0
+        self.hits = self.misses = 0
+        self._full_logged = False
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __call__(self, fn: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, tag: str) -> torch.Tensor:
+        """``fn(pixels)`` for ``pixels (N, ...)``, computing only the images not seen before."""
+        device_type = pixels.device.type
+        context = (tag, tuple(pixels.shape[1:]), pixels.dtype, torch.is_autocast_enabled(device_type),
+                   torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None)
+        host = pixels.detach().contiguous().cpu().view(torch.uint8).numpy()  # the raw bytes, any dtype
+        keys = [context + (hashlib.blake2b(host[i], digest_size=16).digest(),) for i in range(len(host))]
+        missing: dict[tuple, int] = {}  # each unseen image once, even if the batch repeats it
+        for i, key in enumerate(keys):
+            if key not in self.entries and key not in missing:
+                missing[key] = i
+        fresh: dict[tuple, torch.Tensor] = {}
+        if missing:
+            with torch.no_grad():
+                computed = fn(pixels[list(missing.values())])
+            fresh = {key: computed[row] for row, key in enumerate(missing)}
+        self.hits += len(keys) - len(missing)
+        self.misses += len(missing)
+        out = torch.stack([(self.entries[k] if k in self.entries else fresh[k]).to(pixels.device) for k in keys])
+        for key, value in fresh.items():
+            size = value.numel() * value.element_size()
+            if self.bytes + size > self.max_bytes:
+                if not self._full_logged:
+                    log.info("frozen visual feature cache full (%d images, %.0f MB): later images are computed "
+                             "at every use (raise model.encoder.feature_cache_mb)", len(self.entries), self.bytes / 2 ** 20)
+                    self._full_logged = True
+                break
+            self.entries[key] = value.detach().clone()
+            self.bytes += size
+        return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,7 +378,9 @@ class TimmCNN(VisualBackbone):
             model.load_state_dict(self._pretrained_state(model_name, model))
         if not keep_classifier:
             model.reset_classifier(0, "")
-        self.model = model
+        # channels-last convolutions: on a 2-core CPU the EfficientNet-Lite0 forward + backward of 40
+        # 128-px images takes 0.88 s instead of 1.41 s (oneDNN's depthwise kernels); GPUs favour it too
+        self.model = model.to(memory_format=torch.channels_last)
         self.out_dim = int(model.num_features)
         self._finish_init()
 
@@ -334,7 +397,7 @@ class TimmCNN(VisualBackbone):
 
     def grid(self, pixels: torch.Tensor) -> torch.Tensor:
         with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
-            return self.model.forward_features(pixels)
+            return self.model.forward_features(pixels.contiguous(memory_format=torch.channels_last))
 
     def tokens(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.grid(pixels).flatten(2).transpose(1, 2)
