@@ -86,12 +86,19 @@ def test_fine_tuning_trains_in_train_mode(compose_train, experiment):
     assert min(recorder.dropouts_training) > 0  # the encoder's / head's dropouts are on
 
 
-@pytest.mark.parametrize("objectives", ["mlm_isp"])
-def test_pretraining_keeps_batchnorm_frozen(compose_train, objectives):
-    recorder, module = fit_and_record(compose_train, "experiment=clipvil_pretrain", f"objectives={objectives}",
+@pytest.mark.parametrize("trainable", [True, False])
+def test_pretraining_keeps_batchnorm_frozen(compose_train, trainable):
+    """A trainable backbone trains with its BatchNorm layers in eval mode; the pretraining default
+    (a frozen backbone) keeps the whole backbone in eval mode; every other module trains."""
+    recorder, module = fit_and_record(compose_train, "experiment=clipvil_pretrain", "objectives=mlm_isp",
                                       f"model.encoder.config={TINY_BERT}", "data.collator.image_size=64",
-                                      "data.batch_size=4", "data.eval_batch_size=4")
-    expected = batchnorm_names(module)
+                                      "data.batch_size=4", "data.eval_batch_size=4",
+                                      f"backbones.visual.trainable={str(trainable).lower()}")
+    if trainable:
+        expected = batchnorm_names(module)
+    else:
+        expected = frozenset(n for n, _ in module.named_modules()
+                             if n == "encoder.visual" or n.startswith("encoder.visual."))
     assert expected
     for _, in_eval in recorder.steps:
         assert in_eval == expected
