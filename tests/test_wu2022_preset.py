@@ -17,7 +17,7 @@ def test_wu2022_optimizer_schedule_and_clipping(compose_train):
                                       ("finetune_image", 5e-6, 5, 100), ("pretrain", 1e-5, 5, 1000)):
         cfg = compose_train("experiment=berson_finetune", "hparams=wu2022", f"stage={stage}")
         opt = OmegaConf.to_container(cfg.model.optimizer, resolve=True)
-        assert opt == {"_target_": "torch.optim.AdamW", "lr": lr, "weight_decay": 0.0, "eps": 1e-8}
+        assert opt == {"_target_": "torch.optim.AdamW", "lr": lr, "weight_decay": 0.0, "eps": 1e-8, "fused": True}
         sched = OmegaConf.to_container(cfg.model.scheduler, resolve=True)
         assert sched == {"_target_": "transformers.get_linear_schedule_with_warmup",
                          "num_warmup_steps": warmup, "interval": "step"}
