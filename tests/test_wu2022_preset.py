@@ -45,6 +45,15 @@ def test_wu2022_pretraining_composes_with_the_paper_pisp(compose_train):
     assert "reference_selection" not in cfg.model and "head_lr" not in cfg.model
 
 
+@pytest.mark.parametrize("experiment", ["clipvil_pretrain", "visualbert_pretrain", "clip_image_pretrain"])
+def test_pretraining_freezes_the_visual_backbone_and_wu2022_trains_it(compose_train, experiment):
+    """seqaware's pretraining default freezes the visual tower (cached features); the authors trained
+    it, which hparams=wu2022 restores; fine-tuning trains it either way."""
+    assert compose_train(f"experiment={experiment}").model.encoder.visual.trainable is False
+    assert compose_train(f"experiment={experiment}", "hparams=wu2022").model.encoder.visual.trainable is True
+    assert compose_train("experiment=berson_finetune").model.encoder.visual.trainable is True
+
+
 @pytest.mark.slow  # ~30 s on a 2-core CPU (MiniLM + EfficientNet-Lite0 are built twice)
 def test_wu2022_berson_finetune_fast_dev_run(compose_train):
     cfg = compose_train("experiment=berson_finetune", "hparams=wu2022", "trainer.fast_dev_run=true",
