@@ -310,6 +310,38 @@ def test_smrm_loss_matches_hand_computation(scope):
     assert outputs.patch_states.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("scope", ["sequence", "batch"])
+def test_smrm_gradients_are_bitwise_repeatable_with_threads(scope):
+    """Two identical SMRM backward passes give identical gradients on a multi-threaded CPU: the
+    candidate projection is broadcast / index_select-ed, not gathered by advanced indexing (whose
+    backward adds repeated indices in a thread-dependent order; the README's main job printed
+    different SMRM / PMR figures for one seed before)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))
+    try:
+        g = torch.Generator().manual_seed(0)
+        smrm = SequentialMaskedRegionModeling(hidden_size=64, mask_ratio=0.25, vocab_scope=scope)
+        B, S, P = 8, 4, 16
+        batch = {"visual_feats": torch.randn(B, S, P, 8, generator=g), "visual_mask": torch.ones(B, S, dtype=torch.bool)}
+        _, tgt = smrm.corrupt(batch, gen(1))
+        states = torch.randn(B, S, P, 64, generator=g)
+        target_states = torch.randn(B, S, P, 64, generator=g)
+
+        def grads():
+            smrm.zero_grad(set_to_none=True)
+            queries = states.clone().requires_grad_(True)
+            loss, _ = smrm(EncoderOutput(cls=torch.zeros(B, 64), patch_states=queries), tgt,
+                           target_states=target_states, generator=gen(2))
+            loss.backward()
+            return [queries.grad] + [p.grad.clone() for p in smrm.parameters()]
+
+        first = grads()
+        for _ in range(4):
+            assert all(torch.equal(a, b) for a, b in zip(first, grads()))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_smrm_candidate_counts_sequence_vs_batch():
     results = {}
     for scope in ("sequence", "batch"):

@@ -145,7 +145,11 @@ class SequentialMaskedRegionModeling(Objective):
         H = self.hidden_size
         q = F.linear(queries, first.weight[:, :H], first.bias)  # (N, hid)
         c = F.linear(bank, first.weight[:, H:])  # (G, C, hid)
-        hidden = q[:, None, :] + c[group]  # (N, C, hid)
+        # one bank (batch / global vocabulary): broadcast it. Otherwise index_select, whose backward
+        # is index_add_; the backward of c[group] (index_put_ with accumulate=True and repeated
+        # indices) adds in a thread-dependent order on CPU, so two identical runs drifted apart
+        c = c if c.shape[0] == 1 else c.index_select(0, group)
+        hidden = q[:, None, :] + c  # (N, C, hid)
         return self.scorer[1:](hidden).squeeze(-1)
 
     def _candidates(self, tgt: torch.Tensor, sample_of: torch.Tensor, num_samples: int
