@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMPORTS = "import seqaware.procedure, seqaware.dag, seqaware.metrics.ordering, decoders.pairwise, data_modules.datamodule"
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch + transformers: ~10-17 s
 def test_imports_from_repo_root():
     res = subprocess.run([sys.executable, "-c", IMPORTS], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -27,6 +27,9 @@ from seqaware.encoders.fusion import SingleStreamEncoder
 from seqaware.encoders.regions import GEOMETRY_DIM, RegionFeatureCache
 from seqaware.procedure import read_procedures
 
+# the module fixture runs the Faster R-CNN extractor (~15-25 s on 2 cores): full suite only
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 REGIONS = 4       # --num-boxes and data.collator.max_boxes
 DIM = 1024        # the Faster R-CNN box head
