@@ -352,6 +352,40 @@ def test_every_trainable_parameter_gets_a_gradient_every_step(encoder_name, obje
                 assert all(torch.count_nonzero(p.grad) == 0 for p in obj.parameters()), name
 
 
+def test_always_on_objectives_are_configurable_and_checked():
+    """model.objectives.always: the objectives of every step (default MLM, Wu et al. Eq. 1); the
+    others still take turns, one per step."""
+    module = tiny_module(objectives="all")
+    assert module.schedule.always == ("mlm",)
+    obj = dict(module.hparams.objectives, always=["mlm", "smrm"])
+    module = PretrainingModule(**{**module.hparams, "objectives": obj})
+    draws = [module.schedule.draw(step) for step in range(40)]
+    assert all(d[:2] == ("mlm", "smrm") and d[2] in ("isp", "pisp") and len(d) == 3 for d in draws)
+    assert {d[2] for d in draws} == {"isp", "pisp"}
+    with pytest.raises(ValueError, match=r"model.objectives.always names \['pisp'\], which are not enabled"):
+        PretrainingModule(**{**module.hparams, "objectives": dict(obj, enabled="mlm_isp_smrm", always=["mlm", "pisp"])})
+
+
+def test_smrm_targets_follow_the_swapped_images_when_it_runs_with_isp():
+    """SMRM with a swap objective in one step: SMRM masks last, and its clean target pass sees the
+    images where ISP put them (and the unmasked text), so every target is the state of the patch
+    that was masked."""
+    torch.manual_seed(0)
+    module = tiny_module(objectives="all", generator_scope="rank").eval()
+    batch = toy_batch(6, 5, toy_world())
+    fusion = module.fusion(batch)
+    step = next(k for k in range(50) if module._corrupt("isp", fusion, batch, k)[1]["isp_labels"].sum() >= 2)
+    corrupted, targets, _, kwargs = module._forward_group(batch, ("mlm", "smrm", "isp"), step, fusion)
+    swapped, _ = module._corrupt("isp", fusion, batch, step)
+    with torch.no_grad():
+        expected = module.objectives["smrm"].select_target_states(module.encoder(swapped))
+    torch.testing.assert_close(kwargs["smrm"]["target_states"], expected)
+    # the masked positions are zero in the input the encoder saw, over the swapped images
+    mask = targets["smrm_mask"]
+    assert (corrupted["visual_feats"][mask] == 0).all()
+    torch.testing.assert_close(corrupted["visual_feats"][~mask], swapped["visual_feats"][~mask])
+
+
 def test_heads_of_undrawn_objectives_do_not_move():
     """Turn-taking: a head changes only at the steps its objective is drawn. The zero gradients
     that keep DDP's reducer happy are dropped before the optimiser step, so AdamW's stale momentum

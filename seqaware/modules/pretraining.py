@@ -74,7 +74,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, fusion_input
-from seqaware.encoders.contract import EncoderOutput
+from seqaware.encoders.contract import VISUAL_KEYS, EncoderOutput
 from seqaware.io import atomic_open
 from seqaware.runs import best_checkpoint
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique, global_share, world_size
@@ -182,6 +182,7 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
 
         obj_cfg = dict(self.hparams.objectives)
         enabled = obj_cfg.pop("enabled")
+        always = obj_cfg.pop("always", None)
         self.objective_names = check_objectives(enabled if isinstance(enabled, str) else list(enabled),
                                                 self.encoder.modality)
         self.objectives = nn.ModuleDict({name: self._build_objective(name, dict(obj_cfg.get(name) or {}), tie_lm_head)
@@ -191,7 +192,13 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             raise ValueError(f"model.loss_normalization=global needs each objective's loss_count (what its mean loss "
                              f"averages over); {uncounted} define none: add it to the class or set "
                              "model.loss_normalization=local")
-        self.schedule = ObjectiveSchedule(list(self.objective_names), seed=schedule_seed)
+        if always is not None:
+            always = [always] if isinstance(always, str) else list(always)
+            stray = [n for n in always if n not in self.objective_names]
+            if stray:
+                raise ValueError(f"model.objectives.always names {stray}, which are not enabled "
+                                 f"(enabled: {list(self.objective_names)})")
+        self.schedule = ObjectiveSchedule(list(self.objective_names), seed=schedule_seed, always=always)
         self.generator_scope = generator_scope
         self.loss_normalization = loss_normalization
         self.clean_pass_eval = clean_pass_eval
@@ -280,12 +287,18 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         objective's extra ``forward`` arguments."""
         clean = fusion if fusion is not None else self.fusion(batch)
         corrupted, targets = clean, {}
-        for name in names:
+        # objectives whose targets come from a clean pass (SMRM) corrupt last; their clean pass sees
+        # the images where the other objectives (ISP / PISP swaps) put them, with the clean text
+        order = sorted(names, key=lambda n: self.objectives[n].needs_clean_pass)
+        reference = clean
+        for name in order:
+            if self.objectives[name].needs_clean_pass and reference is clean:
+                reference = {**clean, **{k: corrupted[k] for k in VISUAL_KEYS if k in corrupted}}
             corrupted, tgt = self._corrupt(name, corrupted, batch, when, per_sample=per_sample)
             targets.update(tgt)
         outputs = self.encoder(corrupted)
         if any(self.objectives[n].needs_clean_pass for n in names):
-            clean_out = self._clean_pass(clean)
+            clean_out = self._clean_pass(reference)
         kwargs: dict[str, dict] = {}
         for name in names:
             objective = self.objectives[name]
