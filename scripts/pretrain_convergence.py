@@ -67,11 +67,12 @@ def test_metrics(stdout: str) -> dict[str, float]:
     return parse_test_metrics(stdout) or {}
 
 
-def objective_steps(objectives: str, steps: int, seed: int) -> dict[str, int]:
-    """How many of ``steps`` optimiser steps drew each objective (the module's turn-taking schedule)."""
+def objective_steps(objectives: str, steps: int, seed: int, always: Any = None) -> dict[str, int]:
+    """How many of ``steps`` optimiser steps drew each objective (the module's turn-taking schedule,
+    ``always``: the run's ``model.objectives.always``)."""
     from seqaware.objectives import ObjectiveSchedule
 
-    schedule = ObjectiveSchedule(objectives, seed=seed)
+    schedule = ObjectiveSchedule(objectives, seed=seed, always=always)
     counts: dict[str, int] = {}
     for step in range(steps):
         for name in schedule.draw(step):
@@ -79,14 +80,27 @@ def objective_steps(objectives: str, steps: int, seed: int) -> dict[str, int]:
     return counts
 
 
-def run_batch_size(run_dir: Path) -> int:
-    """``data.batch_size`` of a finished run, from the config Hydra saved in its folder."""
+def run_config(run_dir: Path) -> Any:
+    """The config Hydra saved in a finished run's folder."""
     from omegaconf import OmegaConf
 
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise SystemExit(f"{path}: no saved Hydra config (was the run started with hydra.output_subdir=null?)")
-    return int(OmegaConf.load(path).data.batch_size)
+    return OmegaConf.load(path)
+
+
+def run_batch_size(run_dir: Path) -> int:
+    """``data.batch_size`` of a finished run, from the config Hydra saved in its folder."""
+    return int(run_config(run_dir).data.batch_size)
+
+
+def run_always(run_dir: Path) -> Any:
+    """``model.objectives.always`` of a finished run (None: the registry's default, MLM)."""
+    from omegaconf import OmegaConf
+
+    always = OmegaConf.select(run_config(run_dir), "model.objectives.always")
+    return OmegaConf.to_object(always) if OmegaConf.is_config(always) else always
 
 
 def run_one(experiment: str, objectives: str, steps: int, batch_size: int | None, out: Path, overrides: list[str],
@@ -110,7 +124,7 @@ def run_one(experiment: str, objectives: str, steps: int, batch_size: int | None
     last = validations[-1]
     batch_size = run_batch_size(run_dir)
     test = test_metrics(proc.stdout)
-    drawn = objective_steps(objectives, steps, seed)
+    drawn = objective_steps(objectives, steps, seed, run_always(run_dir))
     rows = []
     for name in OBJECTIVE_ORDER:
         if f"val/{name}_acc" not in last:

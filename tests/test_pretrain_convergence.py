@@ -31,6 +31,9 @@ def test_objective_step_counts_follow_the_turn_taking_schedule():
     assert counts["mlm"] == 300 and counts["isp"] + counts["smrm"] == 300
     assert 100 < counts["isp"] < 200
     assert conv.objective_steps("isp_pisp", 10, seed=0).keys() <= {"isp", "pisp"}
+    # the run's model.objectives.always: SMRM at every step, ISP / PISP take turns
+    counts = conv.objective_steps("all", 300, seed=42, always=["mlm", "smrm"])
+    assert counts["mlm"] == counts["smrm"] == 300 and counts["isp"] + counts["pisp"] == 300
 
 
 def test_run_specs_and_table():
@@ -46,7 +49,8 @@ def test_run_specs_and_table():
 
 def test_batch_size_comes_from_the_runs_saved_config(tmp_path):
     (tmp_path / ".hydra").mkdir()
-    (tmp_path / ".hydra" / "config.yaml").write_text("data:\n  batch_size: 16\n")
+    (tmp_path / ".hydra" / "config.yaml").write_text("data:\n  batch_size: 16\nmodel:\n  objectives:\n    always: [mlm, smrm]\n")
     assert conv.run_batch_size(tmp_path) == 16
+    assert conv.run_always(tmp_path) == ["mlm", "smrm"]
     with pytest.raises(SystemExit, match="no saved Hydra config"):
         conv.run_batch_size(tmp_path / "elsewhere")

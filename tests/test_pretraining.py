@@ -362,8 +362,11 @@ def test_always_on_objectives_are_configurable_and_checked():
     draws = [module.schedule.draw(step) for step in range(40)]
     assert all(d[:2] == ("mlm", "smrm") and d[2] in ("isp", "pisp") and len(d) == 3 for d in draws)
     assert {d[2] for d in draws} == {"isp", "pisp"}
-    with pytest.raises(ValueError, match=r"model.objectives.always names \['pisp'\], which are not enabled"):
-        PretrainingModule(**{**module.hparams, "objectives": dict(obj, enabled="mlm_isp_smrm", always=["mlm", "pisp"])})
+    # an always-on objective that is not enabled is skipped (one default serves every objective set)
+    ablation = PretrainingModule(**{**module.hparams, "objectives": dict(obj, enabled="mlm_isp")})
+    assert ablation.schedule.always == ("mlm",) and ablation.schedule.rotating == ("isp",)
+    with pytest.raises(ValueError, match=r"model.objectives.always names unknown objectives \['smrn'\]"):
+        PretrainingModule(**{**module.hparams, "objectives": dict(obj, always=["mlm", "smrn"])})
 
 
 def test_smrm_targets_follow_the_swapped_images_when_it_runs_with_isp():

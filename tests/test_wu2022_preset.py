@@ -54,6 +54,19 @@ def test_pretraining_freezes_the_visual_backbone_and_wu2022_trains_it(compose_tr
     assert compose_train("experiment=berson_finetune").model.encoder.visual.trainable is True
 
 
+def test_pretraining_defaults_that_let_the_swap_objectives_learn_and_the_paper_preset(compose_train):
+    """seqaware's pretraining: 2-step sub-sequences, step embedding at std 0.1, MLM and SMRM at every
+    step (ISP / PISP take turns); hparams=wu2022: MLM alone at every step (Eq. 1), 5-step stories."""
+    for experiment in ("clipvil_pretrain", "visualbert_pretrain", "clip_image_pretrain"):
+        cfg = compose_train(f"experiment={experiment}")
+        assert cfg.data.view.max_steps == 2 and cfg.model.encoder.step_init_std == 0.1
+        assert list(cfg.model.objectives.always) == ["mlm", "smrm"]
+    paper = compose_train("experiment=clipvil_pretrain", "hparams=wu2022")
+    assert list(paper.model.objectives.always) == ["mlm"] and paper.data.view.max_steps == 5
+    module = instantiate(compose_train("experiment=clipvil_pretrain", "objectives=all", *TINY_EXTRA["clipvil_pretrain"]).model)
+    assert module.schedule.always == ("mlm", "smrm") and module.schedule.rotating == ("isp", "pisp")
+
+
 @pytest.mark.slow  # ~30 s on a 2-core CPU (MiniLM + EfficientNet-Lite0 are built twice)
 def test_wu2022_berson_finetune_fast_dev_run(compose_train):
     cfg = compose_train("experiment=berson_finetune", "hparams=wu2022", "trainer.fast_dev_run=true",

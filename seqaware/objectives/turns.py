@@ -70,7 +70,7 @@ class ObjectiveSchedule:
     """Which objectives run at a given global step.
 
     ``always`` objectives (default: the registered classes with ``always_on``, i.e. MLM) run every
-    step when enabled; one of the remaining enabled objectives
+    step when enabled (names that are not enabled are ignored); one of the remaining enabled objectives
     is drawn uniformly per step from a generator seeded by ``(seed, global_step)`` only.
     """
 
