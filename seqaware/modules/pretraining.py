@@ -6,13 +6,15 @@ Wiring only: a single-stream sequence encoder (:mod:`seqaware.encoders`), the en
 One training step
     1. ``fusion_input(encoder, batch)`` packs the step texts and runs the visual backbone once per
        step image.
-    2. The schedule draws the objectives of this global step: MLM (when enabled) plus one of the
-       other enabled objectives, from ``(schedule_seed, global_step)`` only, so every DDP rank draws
-       the same one.
+    2. The schedule draws the objectives of this global step: the always-on ones
+       (``model.objectives.always``: MLM in Wu et al.'s Eq. 1, MLM and SMRM by default) plus one of
+       the other enabled objectives, from ``(schedule_seed, global_step)`` only, so every DDP rank
+       draws the same one.
     3. Each drawn objective corrupts the fusion input in turn (MLM touches the token ids, ISP/PISP/
-       SMRM the visual entries, so they compose); one encoder forward over the corrupted input
-       serves all of them, and SMRM also gets a no-grad pass over the clean input for its targets.
-    4. ``loss = L_MLM + L_obj``.
+       SMRM the visual entries, so they compose; SMRM masks last); one encoder forward over the
+       corrupted input serves all of them, and SMRM also gets a no-grad pass over the input with
+       clean text and the images where ISP / PISP put them, for its targets.
+    4. ``loss`` = the sum of the drawn objectives' losses (``L_MLM + L_obj`` in Eq. 1).
 
 Randomness of the corruption (``generator_scope``)
     ``rank`` (default): one CPU generator per ``(schedule_seed, global_step, objective, rank)``
