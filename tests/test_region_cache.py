@@ -188,7 +188,9 @@ def test_missing_cache_file_names_the_image_the_file_and_the_command(region_data
     for part in (f"procedure {items[1].procedure_id}", image, str(missing), "scripts/extract_features.py",
                  f"--out {cache}"):
         assert part in message, (part, message)
-    cfg = compose_train("experiment=visualbert_pretrain", "trainer.fast_dev_run=true", *_overrides(region_data, cache))
+    # whole procedures (not the default 2-step sub-sequences), so the step without a cache file is read
+    cfg = compose_train("experiment=visualbert_pretrain", "trainer.fast_dev_run=true", *_overrides(region_data, cache),
+                        "data.view.max_steps=5", "+data.view.subsequences=false")
     with pytest.raises(FileNotFoundError, match="no cached region features for image"):
         train.run(cfg)
 
