@@ -194,12 +194,6 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             raise ValueError(f"model.loss_normalization=global needs each objective's loss_count (what its mean loss "
                              f"averages over); {uncounted} define none: add it to the class or set "
                              "model.loss_normalization=local")
-        if always is not None:  # the enabled ones among these run at every step
-            always = [always] if isinstance(always, str) else list(always)
-            unknown = [n for n in always if n not in OBJECTIVES]
-            if unknown:
-                raise ValueError(f"model.objectives.always names unknown objectives {unknown}; "
-                                 f"registered: {sorted(OBJECTIVES)}")
         self.schedule = ObjectiveSchedule(list(self.objective_names), seed=schedule_seed, always=always)
         self.generator_scope = generator_scope
         self.loss_normalization = loss_normalization

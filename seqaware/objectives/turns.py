@@ -79,10 +79,15 @@ class ObjectiveSchedule:
         if not names:
             raise ValueError("ObjectiveSchedule needs at least one objective")
         self.seed = int(seed)
-        if always is None:  # the registered classes say which objectives run at every step
-            from seqaware.objectives import OBJECTIVES
+        from seqaware.objectives import OBJECTIVES  # the registry imports this module: no cycle at import time
 
+        if always is None:  # the registered classes say which objectives run at every step
             always = [n for n in names if n in OBJECTIVES and OBJECTIVES[n].always_on]
+        always = [always] if isinstance(always, str) else list(always)
+        unknown = [n for n in always if n not in OBJECTIVES]
+        if unknown:
+            raise ValueError(f"model.objectives.always names unknown objectives {unknown}; "
+                             f"registered: {sorted(OBJECTIVES)}")
         self.always = tuple(n for n in names if n in always)
         self.rotating = tuple(n for n in names if n not in always)
 
