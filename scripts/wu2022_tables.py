@@ -3,6 +3,7 @@
 
     python scripts/wu2022_tables.py --seeds 1 2 3                       # every row, 3 seeds
     python scripts/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
+    python scripts/wu2022_tables.py --seeds 1 2 3 --pretrain-steps 1200  # a longer pretraining budget
     python scripts/wu2022_tables.py --seeds 1 2 3 --out logs/wu2022 -- trainer.max_steps=300   # overrides for every run
 
 Table 2 (sec. 5, "Golden-test-set performance"): BERSON fine-tuned end to end on four encoders --
@@ -13,11 +14,15 @@ ablation): CLIP-ViL pretrained with MLM, MLM+ISP, MLM+SMRM, MLM+ISP+PISP, MLM+IS
 image-only encoder with ISP and ISP+PISP, each then fine-tuned the same way.
 
 Every run is a ``train.py`` process with ``hydra.run.dir=OUT/<row>/seed<S>/{pretrain,finetune}``,
-``seed=S``, ``data=synthetic_hard`` (``--data``) and the overrides given after ``--``.  A run whose
-folder already holds its result (``encoder.pt`` and a finished ``run.json`` for pretraining,
-``test_metrics.json`` for fine-tuning) is reused, and an interrupted one resumes in place (the same
-folder), so the script can be stopped and started again.  Metrics are the Table 2 columns over the
-test split, against every order the DAG allows (``test/acc``, ``test/pmr``, ``test/lcs`` = Lq,
+``seed=S``, ``data=synthetic_hard`` (``--data``) and the overrides given after ``--`` (last, so they win).
+Pretraining runs ``--pretrain-steps`` optimizer steps of ``--pretrain-batch-size`` sequences (default
+600 x 16: the budget in which every objective leaves chance with the pretraining defaults,
+docs/results/pretraining.md; the experiments' own 100 steps of 4 are the README main job's stage, in
+which ISP stays at chance).  A run whose folder already holds its result (``encoder.pt`` and a finished
+``run.json`` for pretraining, ``test_metrics.json`` for fine-tuning) is reused, and an interrupted one
+resumes in place (the same folder), so the script can be stopped and started again.  A folder whose run
+was made with other overrides (``.hydra/overrides.yaml``) is an error, never silently reused.  Metrics
+are the Table 2 columns over the test split, against every order the DAG allows (``test/acc``, ``test/pmr``, ``test/lcs`` = Lq,
 ``test/lcstr`` = Lr, ``test/tau``, ``test/dist``); Acc and PMR in percent as in the paper.  The
 script prints the two tables in the paper's layout (mean +- std over the seeds) and one final line
 ``WU2022_TABLES_JSON {"<encoder>/<N|Y|objective set>/<metric>": {"mean", "std", "n"}, ...}``.
@@ -33,6 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -103,17 +110,41 @@ def _pretrained(run_dir: Path) -> bool:
     return (run_dir / "encoder.pt").is_file() and runs.read_state(run_dir).get("status") == "finished"
 
 
-def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str]) -> dict[str, float]:
-    """The fine-tuned test metrics of ``row`` for ``seed`` (running what is missing)."""
+def _check_overrides(run_dir: Path, overrides: list[str]) -> None:
+    """Stop if ``run_dir`` holds a run made with other ``train.py`` overrides than ``overrides``."""
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        return
+    previous = [str(x) for x in (yaml.safe_load(saved.read_text()) or [])]
+    if previous != list(overrides):
+        raise SystemExit(f"{run_dir} holds a run made with other overrides than this command's:\n"
+                         f"  that run: {' '.join(previous)}\n  this one: {' '.join(overrides)}\n"
+                         f"pick another --out, or remove the folder to run it again")
+
+
+def pretrain_budget(steps: int, batch_size: int) -> list[str]:
+    """The pretraining runs' ``train.py`` overrides for ``steps`` optimizer steps of ``batch_size`` sequences."""
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"the pretraining budget must be positive, got {steps} steps of {batch_size}")
+    return [f"trainer.max_steps={steps}", "trainer.max_epochs=-1", f"data.batch_size={batch_size}"]
+
+
+def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str],
+            budget: tuple[str, ...] = ()) -> dict[str, float]:
+    """The fine-tuned test metrics of ``row`` for ``seed`` (running what is missing); ``budget``: the
+    pretraining run's extra overrides (:func:`pretrain_budget`), before ``overrides``."""
     base = out / row.key.replace("/", "-") / f"seed{seed}"
     common = [f"seed={seed}", f"data={data}", *overrides]
     finetune = ["experiment=berson_finetune", *row.finetune, *common]
     if row.pretrain is not None:
         pre_dir = base / "pretrain"
+        pretrain = [*row.pretrain, *budget, *common]
+        _check_overrides(pre_dir, pretrain)
         if not _pretrained(pre_dir):
-            _train([*row.pretrain, *common], pre_dir, "pretrain.log")
+            _train(pretrain, pre_dir, "pretrain.log")
         finetune.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
     ft_dir = base / "finetune"
+    _check_overrides(ft_dir, finetune)
     metrics = read_test_metrics(ft_dir)
     if metrics is None:
         _train(finetune, ft_dir, "finetune.log")
@@ -162,15 +193,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help=f"rows to run (default: all): {' '.join(ROW_KEYS)}")
     parser.add_argument("--data", default="synthetic_hard", help="data config (configs/data/), default synthetic_hard")
     parser.add_argument("--out", type=Path, default=ROOT / "logs" / "wu2022_tables")
+    parser.add_argument("--pretrain-steps", type=int, default=600, help="optimizer steps of each pretraining run")
+    parser.add_argument("--pretrain-batch-size", type=int, default=16, help="sequences per pretraining step")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.rows) - set(ROW_KEYS))
     if unknown:
         parser.error(f"unknown rows {unknown}; choose from {list(ROW_KEYS)}")
     rows = [r for r in ROWS if r.key in args.rows]
+    try:
+        budget = tuple(pretrain_budget(args.pretrain_steps, args.pretrain_batch_size))
+    except ValueError as err:
+        parser.error(str(err))
     results: dict[str, list[dict[str, float]]] = {}
     for row in rows:
         print(f"{row.key} (Table {row.table}: {row.label})", flush=True)
-        results[row.key] = [run_row(row, seed, args.out, args.data, overrides) for seed in args.seeds]
+        results[row.key] = [run_row(row, seed, args.out, args.data, overrides, budget) for seed in args.seeds]
     summary = summarise(results)
     seeds = " ".join(map(str, args.seeds))
     for number in (2, 3):
