@@ -5,11 +5,13 @@
     python scripts/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
     python scripts/wu2022_tables.py --seeds 1 2 3 --pretrain-steps 1200  # a longer pretraining budget
     python scripts/wu2022_tables.py --seeds 1 2 3 --out logs/wu2022 -- trainer.max_steps=300   # overrides for every run
+    python scripts/wu2022_tables.py --seeds 1 2 3 --data roc --finetune-override trainer.max_steps=100  # text-only N / Y on ROCStories
 
 Table 2 (sec. 5, "Golden-test-set performance"): BERSON fine-tuned end to end on four encoders --
 text-only (MiniLM standing in for RoBERTa), image-only (EfficientNet-Lite0 grid tokens standing in for
 CLIP), VisualBERT (detector-style region tokens) and CLIP-ViL (grid tokens) -- each without (N) and
-with (Y) sequence-aware pretraining on the same world's training split.  Table 3 (objective
+with (Y) sequence-aware pretraining on the same world's training split (``--data roc``: the text rows on
+ROCStories, ``roberta_pretrain`` then ``berson_roc``).  Table 3 (objective
 ablation): CLIP-ViL pretrained with MLM, MLM+ISP, MLM+SMRM, MLM+ISP+PISP, MLM+ISP+SMRM, and the
 image-only encoder with ISP and ISP+PISP, each then fine-tuned the same way.
 
@@ -22,9 +24,9 @@ which ISP stays at chance).  A run whose folder already holds its result (``enco
 ``run.json`` for pretraining, ``test_metrics.json`` for fine-tuning) is reused, and an interrupted one
 resumes in place (the same folder), so the script can be stopped and started again.  A folder whose run
 was made with other overrides (``.hydra/overrides.yaml``) is an error, never silently reused.  Metrics
-are the Table 2 columns over the test split, against every order the DAG allows (``test/acc``, ``test/pmr``, ``test/lcs`` = Lq,
-``test/lcstr`` = Lr, ``test/tau``, ``test/dist``); Acc and PMR in percent as in the paper.  The
-script prints the two tables in the paper's layout (mean +- std over the seeds) and one final line
+are the Table 2 columns over the test split, against every order the DAG allows (``test/acc``,
+``test/pmr``, ``test/lcs`` = Lq, ``test/lcstr`` = Lr, ``test/tau``, ``test/dist``); Acc and PMR in
+percent as in the paper.  The script prints the two tables in the paper's layout (mean +- std over the seeds) and one final line
 ``WU2022_TABLES_JSON {"<encoder>/<N|Y|objective set>/<metric>": {"mean", "std", "n"}, ...}``.
 """
 from __future__ import annotations
@@ -90,6 +92,10 @@ ROWS: tuple[Row, ...] = (
         ("experiment=clipvil_pretrain", "objectives=mlm_isp_smrm")),
 )
 ROW_KEYS = tuple(r.key for r in ROWS)
+TEXT_ONLY_DATA = {"roc": "berson_roc"}
+"""Text-only data configs -> their fine-tuning experiment (the synthetic worlds use ``berson_finetune``):
+with ``--data roc`` the text rows are Wu et al.'s text-only N / Y on real stories (``roberta_pretrain``
+on the training part of ``roc/dev.tsv``, then ``berson_roc``)."""
 
 
 def _train(overrides: list[str], run_dir: Path, log_name: str) -> None:
@@ -130,12 +136,14 @@ def pretrain_budget(steps: int, batch_size: int) -> list[str]:
 
 
 def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str],
-            budget: tuple[str, ...] = ()) -> dict[str, float]:
-    """The fine-tuned test metrics of ``row`` for ``seed`` (running what is missing); ``budget``: the
-    pretraining run's extra overrides (:func:`pretrain_budget`), before ``overrides``."""
+            budget: tuple[str, ...] = (), finetune_only: tuple[str, ...] = ()) -> dict[str, float]:
+    """The fine-tuned test metrics of ``row`` for ``seed`` (running what is missing).  ``budget``: the
+    pretraining run's extra overrides (:func:`pretrain_budget`), before ``overrides``;
+    ``finetune_only``: the fine-tuning run's, after them."""
     base = out / row.key.replace("/", "-") / f"seed{seed}"
     common = [f"seed={seed}", f"data={data}", *overrides]
-    finetune = ["experiment=berson_finetune", *row.finetune, *common]
+    experiment = TEXT_ONLY_DATA.get(data, "berson_finetune")
+    finetune = [f"experiment={experiment}", *row.finetune, *common, *finetune_only]
     if row.pretrain is not None:
         pre_dir = base / "pretrain"
         pretrain = [*row.pretrain, *budget, *common]
@@ -189,16 +197,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--rows", nargs="+", default=list(ROW_KEYS), metavar="ROW",
-                        help=f"rows to run (default: all): {' '.join(ROW_KEYS)}")
+    parser.add_argument("--rows", nargs="+", default=None, metavar="ROW",
+                        help=f"rows to run (default: all; the text rows for text-only data): {' '.join(ROW_KEYS)}")
     parser.add_argument("--data", default="synthetic_hard", help="data config (configs/data/), default synthetic_hard")
     parser.add_argument("--out", type=Path, default=ROOT / "logs" / "wu2022_tables")
     parser.add_argument("--pretrain-steps", type=int, default=600, help="optimizer steps of each pretraining run")
     parser.add_argument("--pretrain-batch-size", type=int, default=16, help="sequences per pretraining step")
+    parser.add_argument("--finetune-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train.py override of the fine-tuning runs only (repeatable), e.g. "
+                             "trainer.limit_test_batches=32")
     args = parser.parse_args(argv)
+    if args.rows is None:
+        args.rows = [k for k in ROW_KEYS if args.data not in TEXT_ONLY_DATA or k.startswith("text/")]
     unknown = sorted(set(args.rows) - set(ROW_KEYS))
     if unknown:
         parser.error(f"unknown rows {unknown}; choose from {list(ROW_KEYS)}")
+    if args.data in TEXT_ONLY_DATA and any(not k.startswith("text/") for k in args.rows):
+        parser.error(f"data={args.data} is text-only: its rows are text/N text/Y, got {' '.join(args.rows)}")
     rows = [r for r in ROWS if r.key in args.rows]
     try:
         budget = tuple(pretrain_budget(args.pretrain_steps, args.pretrain_batch_size))
@@ -207,7 +222,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     results: dict[str, list[dict[str, float]]] = {}
     for row in rows:
         print(f"{row.key} (Table {row.table}: {row.label})", flush=True)
-        results[row.key] = [run_row(row, seed, args.out, args.data, overrides, budget) for seed in args.seeds]
+        results[row.key] = [run_row(row, seed, args.out, args.data, overrides, budget,
+                                       tuple(args.finetune_override)) for seed in args.seeds]
     summary = summarise(results)
     seeds = " ".join(map(str, args.seeds))
     for number in (2, 3):

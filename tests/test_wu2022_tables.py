@@ -80,3 +80,66 @@ def test_tiny_tables_run_then_resume_without_training(tmp_path, cache_dir):
     assert again.returncode == 0, again.stderr[-3000:]
     assert " s\n" not in again.stdout  # no "<run>: N s" line: no train.py process ran
     assert [x for x in again.stdout.splitlines() if x.startswith(tables.MARKER)][-1] == line
+
+
+def _fake_train(calls):
+    """A stand-in for ``train.py``: records the overrides and writes what a finished run leaves."""
+    def train(overrides, run_dir, log_name):
+        calls.append((log_name, list(overrides)))
+        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        if log_name == "pretrain.log":
+            (run_dir / "encoder.pt").write_bytes(b"")
+            (run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
+        else:
+            (run_dir / "test_metrics.json").write_text(json.dumps(_metrics(0.5, 0.25)))
+    return train
+
+
+def test_pretraining_budget_comes_before_the_users_overrides_and_finetune_overrides_reach_finetuning_only(
+        tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tables, "_train", _fake_train(calls))
+    row = {r.key: r for r in tables.ROWS}["text/Y"]
+    budget = tuple(tables.pretrain_budget(600, 16))
+    metrics = tables.run_row(row, 3, tmp_path, "roc", ["trainer.max_steps=7"], budget, ("trainer.limit_test_batches=2",))
+    assert metrics["test/pmr"] == 0.25
+    (pre_log, pre), (ft_log, ft) = calls
+    assert pre_log == "pretrain.log" and ft_log == "finetune.log"
+    assert pre == ["experiment=roberta_pretrain", "trainer.max_steps=600", "trainer.max_epochs=-1", "data.batch_size=16",
+                   "seed=3", "data=roc", "trainer.max_steps=7"]  # the user's override comes last, so it wins
+    assert ft[0] == "experiment=berson_roc"  # ROCStories fine-tunes with its own experiment
+    assert ft[-1] == f"model.encoder.ckpt={tmp_path / 'text-Y' / 'seed3' / 'pretrain' / 'encoder.pt'}"
+    assert "trainer.limit_test_batches=2" in ft and "trainer.limit_test_batches=2" not in pre
+    tables.run_row({r.key: r for r in tables.ROWS}["text/N"], 3, tmp_path / "hard", "synthetic_hard", [])
+    assert calls[-1][1][:2] == ["experiment=berson_finetune", "modality=text"]  # the synthetic worlds' fine-tuning
+    # the finished runs are reused: nothing trains again
+    calls.clear()
+    assert tables.run_row(row, 3, tmp_path, "roc", ["trainer.max_steps=7"], budget,
+                          ("trainer.limit_test_batches=2",)) == metrics
+    assert calls == []
+
+
+def test_a_folder_made_with_other_overrides_is_an_error_not_reused(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tables, "_train", _fake_train(calls))
+    row = {r.key: r for r in tables.ROWS}["clipvil/Y"]
+    tables.run_row(row, 1, tmp_path, "synthetic_hard", [], tuple(tables.pretrain_budget(100, 4)))
+    with pytest.raises(SystemExit) as err:  # the same folder, another pretraining budget
+        tables.run_row(row, 1, tmp_path, "synthetic_hard", [], tuple(tables.pretrain_budget(600, 16)))
+    message = str(err.value)
+    assert str(tmp_path / "clipvil-Y" / "seed1" / "pretrain") in message
+    assert "trainer.max_steps=100" in message and "trainer.max_steps=600" in message and "another --out" in message
+    with pytest.raises(ValueError, match="must be positive"):
+        tables.pretrain_budget(0, 16)
+
+
+def test_text_only_data_runs_the_text_rows_only(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(tables, "run_row", lambda row, seed, *a, **k: ran.append((row.key, seed)) or _metrics(0.5, 0.2))
+    assert tables.main(["--data", "roc", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    assert ran == [("text/N", 1), ("text/Y", 1)]
+    assert "Table 2 (ours; roc," in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tables.main(["--data", "roc", "--rows", "text/N", "clipvil/N"])
+    assert "data=roc is text-only: its rows are text/N text/Y" in capsys.readouterr().err
