@@ -5,7 +5,7 @@
     python scripts/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
     python scripts/wu2022_tables.py --seeds 1 2 3 --pretrain-steps 1200  # a longer pretraining budget
     python scripts/wu2022_tables.py --seeds 1 2 3 --out logs/wu2022 -- trainer.max_steps=300   # overrides for every run
-    python scripts/wu2022_tables.py --seeds 1 2 3 --data roc --finetune-override trainer.max_steps=100  # text-only N / Y on ROCStories
+    python scripts/wu2022_tables.py --seeds 1 2 3 --data roc --finetune-override trainer.limit_test_batches=32  # text-only N / Y on ROCStories
 
 Table 2 (sec. 5, "Golden-test-set performance"): BERSON fine-tuned end to end on four encoders --
 text-only (MiniLM standing in for RoBERTa), image-only (EfficientNet-Lite0 grid tokens standing in for
@@ -138,8 +138,8 @@ def pretrain_budget(steps: int, batch_size: int) -> list[str]:
 def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str],
             budget: tuple[str, ...] = (), finetune_only: tuple[str, ...] = ()) -> dict[str, float]:
     """The fine-tuned test metrics of ``row`` for ``seed`` (running what is missing).  ``budget``: the
-    pretraining run's extra overrides (:func:`pretrain_budget`), before ``overrides``;
-    ``finetune_only``: the fine-tuning run's, after them."""
+    pretraining run's own overrides (:func:`pretrain_budget`, ``--pretrain-override``), before
+    ``overrides``; ``finetune_only``: the fine-tuning run's own (``--finetune-override``), after them."""
     base = out / row.key.replace("/", "-") / f"seed{seed}"
     common = [f"seed={seed}", f"data={data}", *overrides]
     experiment = TEXT_ONLY_DATA.get(data, "berson_finetune")
@@ -203,6 +203,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "logs" / "wu2022_tables")
     parser.add_argument("--pretrain-steps", type=int, default=600, help="optimizer steps of each pretraining run")
     parser.add_argument("--pretrain-batch-size", type=int, default=16, help="sequences per pretraining step")
+    parser.add_argument("--pretrain-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train.py override of the pretraining runs only (repeatable), e.g. "
+                             "trainer.val_check_interval=100")
     parser.add_argument("--finetune-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a train.py override of the fine-tuning runs only (repeatable), e.g. "
                              "trainer.limit_test_batches=32")
@@ -216,7 +219,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(f"data={args.data} is text-only: its rows are text/N text/Y, got {' '.join(args.rows)}")
     rows = [r for r in ROWS if r.key in args.rows]
     try:
-        budget = tuple(pretrain_budget(args.pretrain_steps, args.pretrain_batch_size))
+        budget = (*pretrain_budget(args.pretrain_steps, args.pretrain_batch_size), *args.pretrain_override)
     except ValueError as err:
         parser.error(str(err))
     results: dict[str, list[dict[str, float]]] = {}

@@ -136,9 +136,13 @@ def test_a_folder_made_with_other_overrides_is_an_error_not_reused(tmp_path, mon
 
 def test_text_only_data_runs_the_text_rows_only(tmp_path, monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(tables, "run_row", lambda row, seed, *a, **k: ran.append((row.key, seed)) or _metrics(0.5, 0.2))
-    assert tables.main(["--data", "roc", "--seeds", "1", "--out", str(tmp_path)]) == 0
-    assert ran == [("text/N", 1), ("text/Y", 1)]
+    monkeypatch.setattr(tables, "run_row", lambda row, seed, out, data, overrides, budget, finetune_only: ran.append(
+        (row.key, seed, data, budget, finetune_only)) or _metrics(0.5, 0.2))
+    assert tables.main(["--data", "roc", "--seeds", "1", "--out", str(tmp_path), "--pretrain-steps", "50",
+                        "--pretrain-override", "trainer.val_check_interval=10",
+                        "--finetune-override", "trainer.limit_test_batches=2"]) == 0
+    budget = ("trainer.max_steps=50", "trainer.max_epochs=-1", "data.batch_size=16", "trainer.val_check_interval=10")
+    assert ran == [(key, 1, "roc", budget, ("trainer.limit_test_batches=2",)) for key in ("text/N", "text/Y")]
     assert "Table 2 (ours; roc," in capsys.readouterr().out
     with pytest.raises(SystemExit):
         tables.main(["--data", "roc", "--rows", "text/N", "clipvil/N"])
