@@ -5,7 +5,8 @@
     python scripts/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
     python scripts/wu2022_tables.py --seeds 1 2 3 --pretrain-steps 1200  # a longer pretraining budget
     python scripts/wu2022_tables.py --seeds 1 2 3 --out logs/wu2022 -- trainer.max_steps=300   # overrides for every run
-    python scripts/wu2022_tables.py --seeds 1 2 3 --data roc --finetune-override trainer.limit_test_batches=32  # text-only N / Y on ROCStories
+    python scripts/wu2022_tables.py --seeds 1 2 3 --data roc   # text-only N / Y on ROCStories
+        [--finetune-override trainer.limit_test_batches=32 ...]  # overrides of one stage only
 
 Table 2 (sec. 5, "Golden-test-set performance"): BERSON fine-tuned end to end on four encoders --
 text-only (MiniLM standing in for RoBERTa), image-only (EfficientNet-Lite0 grid tokens standing in for
@@ -26,7 +27,8 @@ resumes in place (the same folder), so the script can be stopped and started aga
 was made with other overrides (``.hydra/overrides.yaml``) is an error, never silently reused.  Metrics
 are the Table 2 columns over the test split, against every order the DAG allows (``test/acc``,
 ``test/pmr``, ``test/lcs`` = Lq, ``test/lcstr`` = Lr, ``test/tau``, ``test/dist``); Acc and PMR in
-percent as in the paper.  The script prints the two tables in the paper's layout (mean +- std over the seeds) and one final line
+percent as in the paper.  The script prints the two tables in the paper's layout (mean +- std over
+the seeds) and one final line
 ``WU2022_TABLES_JSON {"<encoder>/<N|Y|objective set>/<metric>": {"mean", "std", "n"}, ...}``.
 """
 from __future__ import annotations

@@ -102,12 +102,13 @@ def test_pretraining_budget_comes_before_the_users_overrides_and_finetune_overri
     monkeypatch.setattr(tables, "_train", _fake_train(calls))
     row = {r.key: r for r in tables.ROWS}["text/Y"]
     budget = tuple(tables.pretrain_budget(600, 16))
-    metrics = tables.run_row(row, 3, tmp_path, "roc", ["trainer.max_steps=7"], budget, ("trainer.limit_test_batches=2",))
+    metrics = tables.run_row(row, 3, tmp_path, "roc", ["trainer.max_steps=7"], budget,
+                             ("trainer.limit_test_batches=2",))
     assert metrics["test/pmr"] == 0.25
     (pre_log, pre), (ft_log, ft) = calls
     assert pre_log == "pretrain.log" and ft_log == "finetune.log"
-    assert pre == ["experiment=roberta_pretrain", "trainer.max_steps=600", "trainer.max_epochs=-1", "data.batch_size=16",
-                   "seed=3", "data=roc", "trainer.max_steps=7"]  # the user's override comes last, so it wins
+    assert pre == ["experiment=roberta_pretrain", "trainer.max_steps=600", "trainer.max_epochs=-1",
+                   "data.batch_size=16", "seed=3", "data=roc", "trainer.max_steps=7"]  # the user's comes last: it wins
     assert ft[0] == "experiment=berson_roc"  # ROCStories fine-tunes with its own experiment
     assert ft[-1] == f"model.encoder.ckpt={tmp_path / 'text-Y' / 'seed3' / 'pretrain' / 'encoder.pt'}"
     assert "trainer.limit_test_batches=2" in ft and "trainer.limit_test_batches=2" not in pre
