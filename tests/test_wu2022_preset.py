@@ -20,7 +20,7 @@ def test_wu2022_optimizer_schedule_and_clipping(compose_train):
         assert opt == {"_target_": "torch.optim.AdamW", "lr": lr, "weight_decay": 0.0, "eps": 1e-8, "fused": True}
         sched = OmegaConf.to_container(cfg.model.scheduler, resolve=True)
         assert sched == {"_target_": "transformers.get_linear_schedule_with_warmup",
-                         "num_warmup_steps": warmup, "interval": "step"}
+                         "num_warmup_steps": warmup, "warmup_ratio": None, "interval": "step"}
         assert cfg.trainer.max_epochs == epochs and cfg.trainer.max_steps == -1
         assert cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.gradient_clip_algorithm == "norm"
         assert cfg.trainer.accumulate_grad_batches == 1 and cfg.data.batch_size == 4
@@ -67,6 +67,51 @@ def test_pretraining_defaults_that_let_the_swap_objectives_learn_and_the_paper_p
     assert module.schedule.always == ("mlm", "smrm") and module.schedule.rotating == ("isp", "pisp")
 
 
+def _built_schedule(scheduler_cfg, steps: float):
+    """What configure_optimizers builds from a composed ``model.scheduler`` for a run of ``steps`` optimizer steps."""
+    from seqaware.modules.base import SeqawareModule
+
+    module = SeqawareModule()
+    module.weight = torch.nn.Parameter(torch.zeros(1))
+    module.hparams.update(optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3},
+                          scheduler=OmegaConf.to_container(scheduler_cfg, resolve=True))
+    module._trainer = type("Steps", (), {"estimated_stepping_batches": steps})()
+    return module.configure_optimizers()
+
+
+def test_image_only_pretraining_warms_up_decays_and_clips_and_wu2022_keeps_its_step_count(compose_train):
+    """clip_image_pretrain: linear warm-up over 10% of any run, linear decay to 0, gradient norm clipped
+    at 1.0 (the authors' recipe with the warm-up as a fraction); the multimodal pretraining experiments
+    keep a constant lr without clipping; hparams=wu2022: the authors' 1000 warm-up steps for every one."""
+    cfg = compose_train("experiment=clip_image_pretrain")
+    assert cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.gradient_clip_algorithm == "norm"
+    built = _built_schedule(cfg.model.scheduler, 600)
+    optimizer, scheduler = built["optimizer"], built["lr_scheduler"]["scheduler"]
+    assert built["lr_scheduler"]["interval"] == "step"
+    lrs = []
+    for _ in range(600):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == 0.0 and lrs.index(max(lrs)) == 60 and lrs[-1] == pytest.approx(1e-3 / 540)
+    for experiment in ("clipvil_pretrain", "visualbert_pretrain"):
+        cfg = compose_train(f"experiment={experiment}")
+        assert cfg.model.scheduler is None and cfg.trainer.gradient_clip_val is None
+    for experiment in ("clip_image_pretrain", "clipvil_pretrain"):
+        paper = compose_train(f"experiment={experiment}", "hparams=wu2022")
+        scheduler = _built_schedule(paper.model.scheduler, 5000)["lr_scheduler"]["scheduler"]
+        assert scheduler.lr_lambdas[0](500) == 0.5 and scheduler.lr_lambdas[0](1000) == 1.0  # 1000 warm-up steps
+    # the constant lr of the other pretraining experiments
+    cfg = compose_train("experiment=clip_image_pretrain", "model.scheduler=null", "trainer.gradient_clip_val=null")
+    assert cfg.model.scheduler is None and cfg.trainer.gradient_clip_val is None
+
+
+def test_a_decaying_schedule_on_an_unbounded_run_is_a_clear_error(compose_train):
+    cfg = compose_train("experiment=clip_image_pretrain")
+    with pytest.raises(ValueError, match="no bound.*trainer.max_steps=-1 and trainer.max_epochs=-1"):
+        _built_schedule(cfg.model.scheduler, float("inf"))
+
+
 @pytest.mark.slow  # ~30 s on a 2-core CPU (MiniLM + EfficientNet-Lite0 are built twice)
 def test_wu2022_berson_finetune_fast_dev_run(compose_train):
     cfg = compose_train("experiment=berson_finetune", "hparams=wu2022", "trainer.fast_dev_run=true",
@@ -100,6 +145,7 @@ def test_wu2022_linear_warmup_then_decay_on_the_optimizer(compose_train):
     cfg = compose_train("experiment=order_baseline", "hparams=wu2022", "stage=finetune_text")
     sched_cfg = OmegaConf.to_container(cfg.model.scheduler, resolve=True)
     sched_cfg.pop("interval")
+    assert sched_cfg.pop("warmup_ratio") is None  # seqaware's key (a fraction), off: the preset's step count applies
     opt_cfg = OmegaConf.to_container(cfg.model.optimizer, resolve=True)
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = get_class(opt_cfg.pop("_target_"))([param], **opt_cfg)

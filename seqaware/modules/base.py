@@ -147,8 +147,13 @@ class SeqawareModule(pl.LightningModule):
         warmup_ratio = sched_cfg.pop("warmup_ratio", None)
         params = inspect.signature(get_method(sched_cfg["_target_"])).parameters
         total = self.trainer.estimated_stepping_batches  # the run's optimizer steps (inf without a bound)
-        if "num_training_steps" in params:  # transformers' decaying schedules: decay over the whole run
-            sched_cfg.setdefault("num_training_steps", int(total))
+        needs_length = "num_training_steps" in params and "num_training_steps" not in sched_cfg
+        if (needs_length or warmup_ratio is not None) and not math.isfinite(total):
+            raise ValueError(f"model.scheduler {sched_cfg['_target_']} decays over the run's length, but the run has no "
+                             "bound (trainer.max_steps=-1 and trainer.max_epochs=-1): set one of them, or "
+                             "model.scheduler=null for a constant lr")
+        if needs_length:  # transformers' decaying schedules: decay over the whole run
+            sched_cfg["num_training_steps"] = int(total)
         if warmup_ratio is not None:  # warm-up as a fraction of the run (any max_steps), not a step count
             if "num_warmup_steps" not in params or "num_warmup_steps" in sched_cfg:
                 raise ValueError(f"model.scheduler.warmup_ratio needs a warm-up schedule without num_warmup_steps "
