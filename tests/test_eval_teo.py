@@ -262,6 +262,7 @@ class AnyAnswer:
         return out
 
 
+@pytest.mark.slow  # 6-8 s: the script in a subprocess (the in-process tests above cover its parts)
 def test_script_end_to_end_with_fake_model(tmp_path, tiny_synthetic_dir):
     script = _load_script()
     argv = ["--model", "fake/model", "--procedures", str(tiny_synthetic_dir / "test.jsonl"), "--tasks", "teo,iso,coherence",

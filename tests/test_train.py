@@ -66,7 +66,7 @@ SMOKE = {
     "teo_lora_synthetic": (["data.eval_batch_size=4"], ("teo_consistency_accuracy",), _teo_lora),
 }
 # slow: the full suite (CI) runs them; the fast loop (-m "not slow") skips the longest smoke runs
-MARKS = {"berson_roc": [pytest.mark.shared_data, pytest.mark.slow], "teo_head_rfg": [pytest.mark.shared_data],
+MARKS = {"berson_roc": [pytest.mark.shared_data, pytest.mark.slow], "teo_head_rfg": [pytest.mark.shared_data, pytest.mark.slow],
          "teo_plan_head_rfg": [pytest.mark.shared_data], "clipvil_pretrain": [pytest.mark.slow],
          "visualbert_pretrain": [pytest.mark.slow], "clip_image_pretrain": [pytest.mark.slow],
          "teo_lora_synthetic": [pytest.mark.slow]}

@@ -66,7 +66,7 @@ EXPERIMENTS = {
     "order_baseline": (["data.collator.image_size=32", "data.batch_size=4", "model.net.dim=32"], lambda m: frozenset()),
 }
 NEEDS_SHARED = {"berson_roc", "teo_head_rfg"}
-SLOW = {"berson_roc", "berson_finetune"}  # 30-45 s on a shared 2-core CPU (BERSON encodes every step pair)
+SLOW = {"berson_roc", "berson_finetune", "teo_head_rfg"}  # BERSON: 30-45 s on a shared 2-core CPU (every step pair); RFG: 7 s (teo_head_synthetic stays in the fast loop)
 
 
 def _param(experiment: str):
