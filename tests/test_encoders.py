@@ -431,6 +431,7 @@ def test_paper_preset_loads_local_roberta_and_clip_state_dict_without_the_hub(tm
     assert out.patch_states.shape == (2, 3, 17, 32)
 
 
+@pytest.mark.slow  # 3.6 s; fast loop budget: the full suite (CI) runs it
 def test_offline_preset_composes_every_encoder(compose_train):
     from hydra.utils import instantiate
 

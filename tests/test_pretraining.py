@@ -40,6 +40,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, str]]:
 
 # ------------------------------------------------------------------------------------------ train.py runs
 
+@pytest.mark.slow  # 3 s; fast loop budget: the full suite (CI) runs it
 def test_invalid_objective_set_for_the_modality_is_a_clear_error(compose_train):
     cfg = compose_train("experiment=roberta_pretrain", "objectives=mlm_isp", *tiny_pretrain())
     with config_error(r"objective 'isp' needs \['image'\] input.*'text'.*use the 'mlm' set"):
@@ -65,6 +66,7 @@ def test_missing_objective_set_names_the_config_group(compose_train):
         instantiate(model_cfg)
 
 
+@pytest.mark.slow  # 2.5 s; fast loop budget: the full suite (CI) runs it
 def test_objective_sweep_composes(compose_train):
     """`-m experiment=clipvil_pretrain objectives=mlm,mlm_isp,mlm_isp_smrm` composes one run per set."""
     for name, enabled in [("mlm", "mlm"), ("mlm_isp", "mlm_isp"), ("mlm_isp_smrm", "mlm_isp_smrm")]:
@@ -106,6 +108,7 @@ def test_encoder_checkpoint_is_the_best_and_loads(compose_train):
                                state["backbone.embeddings.word_embeddings.weight"], rtol=0, atol=0)
 
 
+@pytest.mark.slow  # 4 s; fast loop budget: the full suite (CI) runs it
 def test_two_stage_visual_tower_from_an_image_only_run(compose_train, tmp_path):
     """clip_image_pretrain's encoder.pt initialises CLIP-ViL's visual tower (model.encoder.visual_ckpt;
     the older spelling model.visual.ckpt, kept in earlier checkpoints' hparams, does the same)."""
@@ -458,6 +461,7 @@ def test_ddp_first_step_equals_one_process_on_the_global_batch(tmp_path, cache_d
 
 # ------------------------------------------------------------------------------------------ W&B
 
+@pytest.mark.slow  # 5 s; fast loop budget: the full suite (CI) runs it
 def test_wandb_sample_table_at_validation(compose_train, tmp_path, monkeypatch):
     """With W&B (offline) a table of sample sequences and objective outcomes is logged at validation."""
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))

@@ -66,7 +66,8 @@ SMOKE = {
     "teo_lora_synthetic": (["data.eval_batch_size=4"], ("teo_consistency_accuracy",), _teo_lora),
 }
 # slow: the full suite (CI) runs them; the fast loop (-m "not slow") skips the longest smoke runs
-MARKS = {"berson_roc": [pytest.mark.shared_data, pytest.mark.slow], "teo_head_rfg": [pytest.mark.shared_data, pytest.mark.slow],
+MARKS = {"berson_roc": [pytest.mark.shared_data, pytest.mark.slow], "berson_finetune": [pytest.mark.slow],
+         "teo_lora_modalities": [pytest.mark.slow], "teo_head_rfg": [pytest.mark.shared_data, pytest.mark.slow],
          "teo_plan_head_rfg": [pytest.mark.shared_data], "clipvil_pretrain": [pytest.mark.slow],
          "visualbert_pretrain": [pytest.mark.slow], "clip_image_pretrain": [pytest.mark.slow],
          "teo_lora_synthetic": [pytest.mark.slow]}
@@ -101,6 +102,7 @@ def test_mistyped_key_fails_with_hydras_error(compose_train):
         compose_train("experiment=order_baseline", "model=not_a_model")
 
 
+@pytest.mark.slow  # 3 s; fast loop budget: the full suite (CI) runs it
 def test_wu2022_preset_rows(compose_train):
     cfg = compose_train("experiment=order_baseline", "hparams=wu2022")
     assert cfg.model.optimizer._target_ == "torch.optim.AdamW" and cfg.model.optimizer.weight_decay == 0.0  # tests/test_wu2022_preset.py
@@ -180,6 +182,7 @@ def test_main_entry_point_runs_as_a_script(tmp_path, cache_dir):
     assert (tmp_path / "run" / "predictions_test.jsonl").is_file()
 
 
+@pytest.mark.slow  # 6 s for both; fast loop budget: the full suite (CI) runs it
 @pytest.mark.parametrize("logger", ["tensorboard", "wandb"])
 def test_other_loggers(compose_train, logger, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))

@@ -66,7 +66,7 @@ EXPERIMENTS = {
     "order_baseline": (["data.collator.image_size=32", "data.batch_size=4", "model.net.dim=32"], lambda m: frozenset()),
 }
 NEEDS_SHARED = {"berson_roc", "teo_head_rfg"}
-SLOW = {"berson_roc", "berson_finetune", "teo_head_rfg"}  # BERSON: 30-45 s on a shared 2-core CPU (every step pair); RFG: 7 s (teo_head_synthetic stays in the fast loop)
+SLOW = {"berson_roc", "berson_finetune", "teo_head_rfg", "teo_head_synthetic"}  # BERSON: 30-45 s on a shared 2-core CPU (every step pair); TEO heads: 4-7 s (order_baseline stays in the fast loop)
 
 
 def _param(experiment: str):
@@ -86,7 +86,7 @@ def test_fine_tuning_trains_in_train_mode(compose_train, experiment):
     assert min(recorder.dropouts_training) > 0  # the encoder's / head's dropouts are on
 
 
-@pytest.mark.parametrize("trainable", [True, False])
+@pytest.mark.parametrize("trainable", [True, pytest.param(False, marks=pytest.mark.slow)])  # fast loop: the trainable case
 def test_pretraining_keeps_batchnorm_frozen(compose_train, trainable):
     """A trainable backbone trains with its BatchNorm layers in eval mode; the pretraining default
     (a frozen backbone) keeps the whole backbone in eval mode; every other module trains."""
@@ -105,6 +105,7 @@ def test_pretraining_keeps_batchnorm_frozen(compose_train, trainable):
     assert min(recorder.dropouts_training) > 0
 
 
+@pytest.mark.slow  # 2.8 s; fast loop budget: the full suite (CI) runs it
 def test_lora_trains_whole_network_in_train_mode(compose_train):
     """LoRA: the frozen base is frozen by requires_grad, not by eval mode (PEFT / HF Trainer behaviour);
     the LoRA dropouts train; a base left in eval mode by from_pretrained goes to train mode."""
