@@ -68,15 +68,28 @@ def test_pretraining_defaults_that_let_the_swap_objectives_learn_and_the_paper_p
 
 
 def _built_schedule(scheduler_cfg, steps: float):
-    """What configure_optimizers builds from a composed ``model.scheduler`` for a run of ``steps`` optimizer steps."""
+    """What configure_optimizers builds (AdamW at lr 1e-3) from ``model.scheduler`` (a dict or a composed
+    config) for a run of ``steps`` optimizer steps."""
     from seqaware.modules.base import SeqawareModule
 
+    if not isinstance(scheduler_cfg, dict):
+        scheduler_cfg = OmegaConf.to_container(scheduler_cfg, resolve=True)
     module = SeqawareModule()
     module.weight = torch.nn.Parameter(torch.zeros(1))
-    module.hparams.update(optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3},
-                          scheduler=OmegaConf.to_container(scheduler_cfg, resolve=True))
+    module.hparams.update(optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3}, scheduler=scheduler_cfg)
     module._trainer = type("Steps", (), {"estimated_stepping_batches": steps})()
     return module.configure_optimizers()
+
+
+def _lrs(built, steps: int) -> list[float]:
+    """The lr of each of ``steps`` optimizer steps under the optimizer and scheduler ``built``."""
+    optimizer, scheduler = built["optimizer"], built["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
 
 
 def test_image_only_pretraining_warms_up_decays_and_clips_and_wu2022_keeps_its_step_count(compose_train):
@@ -86,13 +99,8 @@ def test_image_only_pretraining_warms_up_decays_and_clips_and_wu2022_keeps_its_s
     cfg = compose_train("experiment=clip_image_pretrain")
     assert cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.gradient_clip_algorithm == "norm"
     built = _built_schedule(cfg.model.scheduler, 600)
-    optimizer, scheduler = built["optimizer"], built["lr_scheduler"]["scheduler"]
     assert built["lr_scheduler"]["interval"] == "step"
-    lrs = []
-    for _ in range(600):
-        lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
+    lrs = _lrs(built, 600)
     assert lrs[0] == 0.0 and lrs.index(max(lrs)) == 60 and lrs[-1] == pytest.approx(1e-3 / 540)
     for experiment in ("clipvil_pretrain", "visualbert_pretrain"):
         cfg = compose_train(f"experiment={experiment}")
@@ -159,42 +167,20 @@ def test_wu2022_linear_warmup_then_decay_on_the_optimizer(compose_train):
     assert lrs[200] == pytest.approx(2.5e-6) and lrs[299] == pytest.approx(5e-6 / 200)
 
 
-class _Steps:
-    estimated_stepping_batches = 200
-
-
 @pytest.mark.parametrize("ratio, warmup", [(0.1, 20), (0.0, 0), (0.051, 11)])
 def test_warmup_ratio_is_a_fraction_of_the_run(ratio, warmup):
     """``model.scheduler.warmup_ratio`` warms up over ceil(ratio x the run's optimizer steps), then
     decays linearly to 0 at the last step (what the pretraining experiments use for any max_steps)."""
-    from seqaware.modules.base import SeqawareModule
-
-    module = SeqawareModule()
-    module.weight = torch.nn.Parameter(torch.zeros(1))
-    module.hparams.update(optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3},
-                          scheduler={"_target_": "transformers.get_linear_schedule_with_warmup",
-                                     "warmup_ratio": ratio, "interval": "step"})
-    module._trainer = _Steps()
-    built = module.configure_optimizers()
-    optimizer, scheduler = built["optimizer"], built["lr_scheduler"]["scheduler"]
-    lrs = []
-    for _ in range(200):
-        lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
+    built = _built_schedule({"_target_": "transformers.get_linear_schedule_with_warmup", "warmup_ratio": ratio,
+                             "interval": "step"}, 200)
+    lrs = _lrs(built, 200)
     assert max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) == warmup
     assert lrs[-1] == pytest.approx(1e-3 / (200 - warmup))
 
 
 def test_warmup_ratio_with_a_step_count_or_a_schedule_without_warmup_is_a_clear_error():
-    from seqaware.modules.base import SeqawareModule
-
     for sched in ({"_target_": "transformers.get_linear_schedule_with_warmup", "warmup_ratio": 0.1,
                    "num_warmup_steps": 5},
                   {"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_ratio": 0.1, "step_size": 10}):
-        module = SeqawareModule()
-        module.weight = torch.nn.Parameter(torch.zeros(1))
-        module.hparams.update(optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3}, scheduler=sched)
-        module._trainer = _Steps()
         with pytest.raises(ValueError, match="warmup_ratio"):
-            module.configure_optimizers()
+            _built_schedule(sched, 200)
