@@ -271,6 +271,32 @@ def test_smrm_overlap_bound_every_pair(S, P, ratio):
         assert overlaps and all(o < k / 2 for o in overlaps)
 
 
+@pytest.mark.parametrize("ratio,num_masked", [(0.15, None), (0.3, None), (None, 2)])
+def test_smrm_masks_only_real_regions_and_every_image_gets_its_share(ratio, num_masked):
+    """Padded region slots (VisualBERT: whole image + up to R boxes) are never masked, and each
+    image still gets k_b = max(1, round(ratio * P_b)) masked regions, P_b the slots real in every
+    image of the sample (Wu et al. sec. 4.2.3: the same X% for each image); the overlap bound holds."""
+    kwargs = {"num_masked": num_masked} if num_masked is not None else {"mask_ratio": ratio}
+    smrm = SequentialMaskedRegionModeling(H, **kwargs)
+    B, S, P = 32, 2, 9
+    for seed in range(4):
+        batch = make_batch(B=B, S=S, P=P, seed=seed, text=False, image_prob=1.0)
+        real = torch.randint(2, P + 1, (B, S), generator=gen(seed + 10))  # 1 whole-image token + >= 1 box
+        batch["patch_mask"] = torch.arange(P) < real[..., None]
+        _, tgt = smrm.corrupt(batch, gen(seed))
+        mask = tgt["smrm_mask"]
+        assert not (mask & ~batch["patch_mask"]).any()
+        common = real.min(dim=1).values
+        if num_masked is not None:
+            expected = torch.minimum(torch.full_like(common, num_masked), common // 2)
+        else:
+            k = smrm.masked_per_image(P)
+            expected = torch.minimum((common * ratio).round().long().clamp(min=1, max=k), common // 2)
+        assert torch.equal(mask.sum(-1), expected[:, None].expand(B, S))
+        overlap = (mask[:, 0] & mask[:, 1]).sum(-1)
+        assert (overlap < expected / 2).all()  # < k_b / 2 for every pair (0 when k_b = 1)
+
+
 def test_smrm_too_many_images_is_a_clear_error():
     batch = make_batch(B=2, S=13, P=49, text=False, image_prob=1.0)
     with pytest.raises(ValueError, match="at most 12 images"):
