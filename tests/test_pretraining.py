@@ -421,6 +421,27 @@ def test_heads_of_undrawn_objectives_do_not_move():
     assert any(set(drawn_at[k]) - set(drawn_at[k + 1]) for k in range(11))
 
 
+def test_head_lr_puts_the_new_layers_and_heads_in_their_own_group():
+    """model.head_lr: the objectives' heads and the encoder's new layers (visual projection and
+    LayerNorm, step embedding) get their own lr; the pretrained transformer and the word embeddings
+    (which a tied MLM decoder shares) keep optimizer.lr. Null keeps one group, as before."""
+    torch.manual_seed(0)
+    assert len(tiny_module(objectives="all").param_groups()) == 1
+    module = tiny_module(objectives="all", head_lr=1e-2)
+    old, new = module.param_groups()
+    assert "lr" not in old and new["lr"] == 1e-2
+    enc = module.encoder
+    new_ids = {id(p) for p in new["params"]}
+    for part in (enc.visual_proj, enc.visual_norm, enc.step_embedding, *module.objectives.values()):
+        assert all(id(p) in new_ids for p in part.parameters() if p is not enc.word_embeddings.weight)
+    assert id(enc.word_embeddings.weight) not in new_ids
+    assert all(id(p) not in new_ids for p in enc.backbone.parameters())
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    assert len(old["params"]) + len(new["params"]) == len(trainable)  # every parameter once
+    with config_error("model.head_lr must be a positive"):
+        tiny_module(head_lr=0)
+
+
 def test_batchnorm_stays_frozen():
     module = tiny_module(objectives="mlm_isp")
     module.encoder.extra_bn = torch.nn.BatchNorm1d(4)  # stands in for a CNN backbone's BatchNorm

@@ -103,6 +103,12 @@ class SequenceEncoder(nn.Module):
                         box_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         raise NotImplementedError(f"{type(self).__name__} has no visual backbone")
 
+    def new_parameters(self) -> list[nn.Parameter]:
+        """The parameters seqaware initialises at random (input projections, step embedding, ...),
+        as opposed to those of the pretrained text / visual models it wraps: what a separate
+        learning rate for new layers (``model.head_lr`` of the pretraining module) applies to."""
+        return []
+
     def forward(self, fusion_input: dict) -> EncoderOutput:  # pragma: no cover - interface
         raise NotImplementedError
 

@@ -181,6 +181,15 @@ class SingleStreamEncoder(SequenceEncoder):
             raise ValueError(f"model.encoder.visual_scale must be 'text' or a positive number, got {visual_scale!r}")
         return float(visual_scale)
 
+    def new_parameters(self) -> list[nn.Parameter]:
+        """Visual projection, box-geometry projection, visual LayerNorm, step embedding and the
+        image-only CLS vector: the layers this class adds to the pretrained text model."""
+        modules = [self.visual_proj, self.geometry_proj, self.visual_norm, self.step_embedding]
+        params = [p for m in modules if m is not None for p in m.parameters()]
+        if self.modality == "image":
+            params.append(self.cls_embedding)
+        return params
+
     @property
     def word_embeddings(self) -> nn.Embedding:
         """The text model's input embedding matrix (tie an MLM head's decoder to it)."""

@@ -134,6 +134,11 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         clean_pass_eval: SMRM's clean no-grad target pass runs without dropout.
         export_weights: ``best`` (best monitored checkpoint) | ``last`` weights go to ``encoder_file``.
         encoder_file: file name of the exported encoder state dict in the run folder.
+        head_lr: learning rate of the randomly initialised parts: the objectives' heads and the
+            encoder's new layers (:meth:`~seqaware.encoders.base.SequenceEncoder.new_parameters`:
+            visual projection, step embedding, ...); null: ``optimizer.lr`` for every parameter, as in
+            Wu et al. (one lr, Table 11). A tied MLM decoder is the word embedding matrix and keeps
+            the encoder's lr.
         tie_lm_head / wandb_samples: accepted from configs and checkpoints written before they
             moved: ``tie_lm_head`` (when set) becomes the default of every objective whose
             ``from_encoder`` takes it (``model.objectives.mlm.tie_lm_head``); the W&B sample table is
@@ -149,7 +154,8 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
                  scheduler: Optional[dict] = None, visual: Optional[dict] = None, schedule_seed: int = 0,
                  generator_scope: str = "rank", loss_normalization: str = "global", tie_lm_head: Optional[bool] = None,
                  freeze_batchnorm: bool = True, clean_pass_eval: bool = True, export_weights: str = "best",
-                 encoder_file: str = "encoder.pt", wandb_samples: Optional[int] = None):
+                 encoder_file: str = "encoder.pt", wandb_samples: Optional[int] = None,
+                 head_lr: Optional[float] = None):
         super().__init__()
         if not objectives or not objectives.get("enabled"):
             raise ValueError("model.objectives.enabled is not set: pick an objective set with objectives=NAME "
@@ -166,7 +172,9 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             "visual": as_container(visual), "schedule_seed": schedule_seed, "generator_scope": generator_scope,
             "loss_normalization": loss_normalization,
             "freeze_batchnorm": freeze_batchnorm, "clean_pass_eval": clean_pass_eval,
-            "export_weights": export_weights, "encoder_file": encoder_file})
+            "export_weights": export_weights, "encoder_file": encoder_file, "head_lr": head_lr})
+        if head_lr is not None and not float(head_lr) > 0:
+            raise ValueError(f"model.head_lr must be a positive learning rate or null, got {head_lr!r}")
 
         enc_cfg = dict(self.hparams.encoder)
         old_visual = (visual or {}).get("ckpt")
@@ -214,6 +222,19 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         self.train(True)
 
     # ------------------------------------------------------------------ construction
+    def param_groups(self) -> list[dict]:
+        """One group of every trainable parameter, or, with ``head_lr``, the pretrained ones at
+        ``optimizer.lr`` and the new ones (objective heads, the encoder's new layers) at ``head_lr``."""
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        if self.hparams.get("head_lr") is None:
+            return [{"params": trainable}]
+        encoder_ids = {id(p) for p in self.encoder.parameters()}
+        new_ids = {id(p) for p in self.encoder.new_parameters()}
+        new_ids |= {id(p) for p in self.objectives.parameters() if id(p) not in encoder_ids}  # tied decoder: encoder's
+        old = [p for p in trainable if id(p) not in new_ids]
+        new = [p for p in trainable if id(p) in new_ids]
+        return [{"params": old}, {"params": new, "lr": float(self.hparams.head_lr)}]
+
     def _build_objective(self, name: str, kwargs: dict, tie_lm_head: Optional[bool]) -> nn.Module:
         from_encoder = OBJECTIVES[name].from_encoder
         if tie_lm_head is not None and "tie_lm_head" in inspect.signature(from_encoder).parameters:
