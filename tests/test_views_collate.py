@@ -153,6 +153,28 @@ def test_pretraining_view_windows(root):
     assert lengths == {2, 3, 4}
 
 
+def test_pretraining_view_sub_sampled_steps_keep_their_order_and_the_dag(root):
+    """contiguous=False: any 2..4 of the 5 steps, kept in authored order, with the DAG restricted to
+    them (0 -> 1 -> 4 gives 0 -> 4 when step 1 is left out); every pair of steps is drawn, not only
+    neighbours; the draw is a function of (seed, epoch, index)."""
+    proc = _proc("p", 5, root, dag=[(0, 1), (1, 4)])
+    view = PretrainingView([proc], max_steps=4, min_steps=2, contiguous=False)
+    pairs, gaps = set(), set()
+    for epoch in range(200):
+        item = view[(0, epoch)]
+        kept = item.step_index
+        assert kept == sorted(kept) and len(set(kept)) == len(kept) and 2 <= len(kept) <= 4
+        assert item.gold == list(range(len(kept)))
+        expected = {(kept.index(a), kept.index(b)) for a, b in [(0, 1), (1, 4), (0, 4)]
+                    if a in kept and b in kept and not (a == 0 and b == 4 and 1 in kept)}
+        assert set(map(tuple, item.dag[1])) == expected
+        if len(kept) == 2:
+            pairs.add(tuple(kept))
+        gaps.update(b - a for a, b in zip(kept, kept[1:]))
+        assert view[(0, epoch)].step_index == kept
+    assert len(pairs) == 10 and max(gaps) >= 3  # all C(5, 2) pairs, some far apart
+
+
 def test_collator_shapes_and_masks(root, tokenizer):
     items = [SequencingView([_proc("a", 3, root)])[0], SequencingView([_proc("b", 5, root)])[0]]
     coll = StepCollator(tokenizer, max_tokens=12, image_size=32, max_boxes=2)
