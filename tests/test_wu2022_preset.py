@@ -42,7 +42,8 @@ def test_wu2022_pretraining_composes_with_the_paper_pisp(compose_train):
     assert cfg.stage == "pretrain" and cfg.model.optimizer.lr == 1e-5
     assert cfg.model.scheduler.num_warmup_steps == 1000 and cfg.trainer.gradient_clip_val == 1.0
     assert cfg.model.objectives.pisp.max_patches is None  # M ~ U[1, w] (sec. 4.2.2)
-    assert "reference_selection" not in cfg.model and "head_lr" not in cfg.model
+    assert "reference_selection" not in cfg.model
+    assert cfg.model.head_lr is None  # one lr for every parameter, objective heads included (Table 11)
 
 
 def test_pretraining_freezes_the_visual_backbone_and_wu2022_trains_it(compose_train):
