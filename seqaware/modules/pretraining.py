@@ -225,9 +225,9 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
     def param_groups(self) -> list[dict]:
         """One group of every trainable parameter, or, with ``head_lr``, the pretrained ones at
         ``optimizer.lr`` and the new ones (objective heads, the encoder's new layers) at ``head_lr``."""
-        trainable = [p for p in self.parameters() if p.requires_grad]
         if self.hparams.get("head_lr") is None:
-            return [{"params": trainable}]
+            return super().param_groups()
+        trainable = [p for p in self.parameters() if p.requires_grad]
         encoder_ids = {id(p) for p in self.encoder.parameters()}
         new_ids = {id(p) for p in self.encoder.new_parameters()}
         new_ids |= {id(p) for p in self.objectives.parameters() if id(p) not in encoder_ids}  # tied decoder: encoder's

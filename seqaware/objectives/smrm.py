@@ -69,14 +69,15 @@ def spaced_window_masks(visual_mask: torch.Tensor, num_patches: int, num_masked:
                          "below 50%; lower smrm mask_ratio / num_masked")
     if patch_mask is None:
         common = torch.ones(B, P, dtype=torch.bool, device=device)
-        per_sample_k = torch.full((B,), k, dtype=torch.long, device=device)
     else:  # positions real in every image of the sample (region slots are padded at the end)
         common = (patch_mask.bool() | ~has_image[..., None]).all(dim=1)
-        real = common.sum(1)
-        per_sample_k = (real.double() * mask_ratio).round().long().clamp(min=1) if mask_ratio is not None \
-            else torch.full_like(real, k)
-        per_sample_k = torch.minimum(per_sample_k.clamp(max=k), real // 2)
-    width = common.sum(1).clamp(min=1)  # P_b
+    real = common.sum(1)  # P_b
+    per_sample_k = torch.full_like(real, k)
+    if patch_mask is not None:
+        if mask_ratio is not None:
+            per_sample_k = (real.double() * mask_ratio).round().long().clamp(min=1, max=k)
+        per_sample_k = torch.minimum(per_sample_k, real // 2)
+    width = real.clamp(min=1)
     n_images = has_image.sum(1).clamp(min=1)  # (B,)
     spacing = width // n_images
     min_spacing = per_sample_k // 2 + 1
@@ -152,9 +153,7 @@ class SequentialMaskedRegionModeling(Objective):
         patch_mask = batch.get("patch_mask")
         ratio = None if self.num_masked is not None else self.mask_ratio
         mask = spaced_window_masks(batch["visual_mask"], P, self.masked_per_image(P), generator,
-                                   patch_mask=patch_mask, mask_ratio=ratio)
-        if patch_mask is not None:
-            mask = mask & batch["patch_mask"].bool()
+                                   patch_mask=patch_mask, mask_ratio=ratio)  # never on a padded slot
         corrupted = shallow_copy(batch)
         corrupted["visual_feats"] = feats.masked_fill(mask[..., None], 0.0)
         return corrupted, {"smrm_mask": mask}
