@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from torch.utils.checkpoint import checkpoint
 
 from decoders import PAIRWISE_DECODERS
-from decoders.berson import BersonDecoder, BersonState, pair_index
+from decoders.berson import BersonDecoder, BersonState, pair_index, take_steps
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
 from seqaware.modules.sequencing import pairwise_targets
@@ -125,7 +125,9 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                 args[0] = torch.stack([ids[cb, ci], ids[cb, cj]], 1)
                 args[1] = torch.stack([am[cb, ci], am[cb, cj]], 1)
             if feats is not None:
-                args[2] = torch.stack([feats[cb, ci], feats[cb, cj]], 1)
+                # index_select, not feats[cb, ci]: a step's features feed 2(n-1) pairs, and the
+                # backward must add their gradients in a fixed order (take_steps)
+                args[2] = torch.stack([take_steps(feats, cb, ci), take_steps(feats, cb, cj)], 1)
                 args[3] = torch.stack([vmask[cb, ci], vmask[cb, cj]], 1)
                 if pmask is not None:
                     args[4] = torch.stack([pmask[cb, ci], pmask[cb, cj]], 1)
