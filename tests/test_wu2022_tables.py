@@ -60,6 +60,27 @@ TINY = ["data.source.num_train=16", "data.source.num_val=4", "data.source.num_te
         "callbacks.progress_bar.refresh_rate=0"]
 
 
+def test_a_row_that_repeats_another_reuses_its_runs(tmp_path, monkeypatch, capsys):
+    """Table 3's MLM + ISP + SMRM is clipvil_pretrain's default objective set: the CLIP-ViL Y runs, run once."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("train", overrides=["experiment=clipvil_pretrain"])
+    aliased = tables.ROW_BY_KEY["clipvil/mlm_isp_smrm"]
+    assert aliased.same_as == "clipvil/Y"
+    assert cfg.model.objectives.enabled == aliased.pretrain[-1].split("=", 1)[1]  # the alias holds
+    assert tables.ROW_BY_KEY["clipvil/Y"].pretrain == ("experiment=clipvil_pretrain",)
+    calls = []
+    monkeypatch.setattr(tables, "_train", _fake_train(calls))
+    assert tables.main(["--seeds", "1", "--out", str(tmp_path), "--rows", "clipvil/Y", "clipvil/mlm_isp_smrm"]) == 0
+    assert [log for log, _ in calls] == ["pretrain.log", "finetune.log"]  # one pretraining, one fine-tuning
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["clipvil-Y"]
+    out = capsys.readouterr().out
+    assert "clipvil/mlm_isp_smrm (Table 3: MLM + ISP + SMRM, the runs of clipvil/Y)" in out
+    summary = json.loads(out.splitlines()[-1][len(tables.MARKER):])
+    assert summary["clipvil/mlm_isp_smrm/pmr"] == summary["clipvil/Y/pmr"]
+
+
 @pytest.mark.slow  # five tiny train.py runs: about a minute on 2 cores
 def test_tiny_tables_run_then_resume_without_training(tmp_path, cache_dir):
     out = tmp_path / "tables"
