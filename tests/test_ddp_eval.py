@@ -201,3 +201,34 @@ def test_ordering_eval_counts_a_padded_repeat_once_and_loss_is_sum_over_count():
     assert [p["id"] for p in probe.test_predictions] == ["a", "b"]
     assert [p["pred"] for p in probe.test_predictions] == [[0, 1, 2], [1, 0, 2]]
     assert [p["metrics"]["pmr"] for p in probe.test_predictions] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("rule", ["joint", "wu2022"])
+def test_prediction_records_score_against_the_reference_the_split_metrics_chose(rule):
+    """A multi-reference instance predicted in a valid order other than the authored one is exact in the
+    predictions file too (it was scored against the authored order only, so the file's PMR column
+    disagreed with test/pmr); each record names the reference it was scored against."""
+    from seqaware.modules.base import OrderingEvalMixin, SeqawareModule
+
+    class Probe(OrderingEvalMixin, SeqawareModule):
+        def __init__(self):
+            super().__init__()
+            self._init_eval(rule)
+            self.logged: dict[str, float] = {}
+
+        def log_dict(self, values, **kwargs):
+            self.logged.update(values)
+
+    two_chains = [[0, 1, 2, 3], [0, 2, 1, 3], [2, 0, 1, 3], [0, 2, 3, 1], [2, 0, 3, 1], [2, 3, 0, 1]]  # 0->1, 2->3
+    meta = [{"id": "multi", "category": ["c"], "step_index": [0, 1, 2, 3], "references": two_chains, "dag": None},
+            {"id": "single", "category": ["c"], "step_index": [0, 1, 2], "references": [[0, 1, 2]], "dag": None}]
+    probe = Probe()
+    probe.on_test_epoch_start()
+    probe._record_orders("test", {"meta": meta}, [[2, 0, 3, 1], [1, 0, 2]])
+    probe.on_test_epoch_end()
+    multi, single = probe.test_predictions
+    assert multi["gold"] == [0, 1, 2, 3] and multi["reference"] == 4
+    assert multi["metrics"]["pmr"] == 1.0 and multi["metrics"]["acc"] == 1.0 and multi["metrics"]["tau"] == 1.0
+    assert single["reference"] == 0 and single["metrics"]["pmr"] == 0.0
+    for key in ("pmr", "acc", "tau", "dist"):  # the file's columns average to the logged split metrics
+        assert probe.logged[f"test/{key}"] == pytest.approx((multi["metrics"][key] + single["metrics"][key]) / 2)

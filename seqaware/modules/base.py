@@ -16,7 +16,7 @@ from torch import nn
 
 from seqaware.config import to_plain
 from seqaware.metrics.torch_metrics import OrderingMetrics
-from seqaware.metrics.ordering import order_metrics
+from seqaware.metrics.ordering import select_reference
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,12 @@ class OrderingEvalMixin(GatheredEvalMixin):
         # every rank holds the same records, hence the same values: nothing to reduce
         self.log_dict(values, sync_dist=False, prog_bar=False)
         if stage == "test":
-            self.test_predictions = [{"id": r["id"], "category": r["category"], "pred": r["pred"], "gold": r["gold"],
-                                      "references": r["references"], "metrics": order_metrics(r["pred"], r["gold"])}
-                                     for r in records]
+            # per instance, the reference the split's metrics scored it against (multi-reference: any
+            # valid order of the DAG), so a file's PMR column averages to test/pmr
+            self.test_predictions = []
+            for r in records:
+                index, scores = select_reference(r["pred"], r["references"], metric.reference_selection)
+                self.test_predictions.append({"id": r["id"], "category": r["category"], "pred": r["pred"],
+                                              "gold": r["gold"], "references": r["references"],
+                                              "reference": index, "metrics": scores})
         return values
