@@ -66,15 +66,15 @@ def valid_pairs(step_mask: torch.Tensor) -> torch.Tensor:
 
 
 def take_steps(x: torch.Tensor, b: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-    """``x[b, i]`` for ``x`` (B, n, ...) and long indices ``b``, ``i`` of one shape, by ``index_select``.
+    """``x[b, i]`` for ``x`` (B, n, ...) and long indices ``b``, ``i`` (broadcast together), by ``index_select``.
 
     Same values as advanced indexing, but the backward adds repeated ``(b, i)`` (every step appears in
     2(n-1) pairs; padding is read as step 0) one index at a time: advanced indexing's backward
     accumulates them with parallel atomic adds on a multi-threaded CPU, so two runs of one seed
     drifted apart after a few optimizer steps.
     """
-    flat = (b * x.shape[1] + i).reshape(-1)
-    return x.flatten(0, 1).index_select(0, flat).view(*i.shape, *x.shape[2:])
+    flat = b * x.shape[1] + i
+    return x.flatten(0, 1).index_select(0, flat.reshape(-1)).view(*flat.shape, *x.shape[2:])
 
 
 def pair_index(step_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -172,7 +172,7 @@ class BersonDecoder(nn.Module):
         """
         R = state.relations
         B, n = state.step_mask.shape
-        rows = torch.arange(B, device=R.device)[:, None].expand_as(last)
+        rows = torch.arange(B, device=R.device)[:, None]
         r_last = take_steps(R, rows, last.clamp(min=0)) * (last >= 0)[..., None, None]       # (B, M, n, H)
         r_second = take_steps(R, rows, second.clamp(min=0)) * (second >= 0)[..., None, None]
         u = unpointed.to(R.dtype)
@@ -207,7 +207,7 @@ class BersonDecoder(nn.Module):
         B, n = state.step_mask.shape
         H = self.hidden_size
         safe = gold.clamp(min=0)
-        rows = torch.arange(B, device=gold.device)[:, None].expand_as(safe)
+        rows = torch.arange(B, device=gold.device)[:, None]
         prev = take_steps(state.context, rows, safe)                              # (B, n, H)
         inputs = torch.cat([self.start.expand(B, 1, H), prev[:, :-1]], dim=1)
         h, c = self._initial(state, 1)
