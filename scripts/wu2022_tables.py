@@ -12,7 +12,8 @@ Table 2 (sec. 5, "Golden-test-set performance"): BERSON fine-tuned end to end on
 text-only (MiniLM standing in for RoBERTa), image-only (EfficientNet-Lite0 grid tokens standing in for
 CLIP), VisualBERT (detector-style region tokens) and CLIP-ViL (grid tokens) -- each without (N) and
 with (Y) sequence-aware pretraining on the same world's training split (``--data roc``: the text rows on
-ROCStories, ``roberta_pretrain`` then ``berson_roc``).  Table 3 (objective
+ROCStories, ``roberta_pretrain`` then ``berson_roc``; on the synthetic worlds text/Y is CLIP-ViL's MLM
+pretraining without the images, so text-only N and Y share text/N's encoder).  Table 3 (objective
 ablation): CLIP-ViL pretrained with MLM, MLM+ISP, MLM+SMRM, MLM+ISP+PISP, MLM+ISP+SMRM, and the
 image-only encoder with ISP and ISP+PISP, each then fine-tuned the same way.  MLM+ISP+SMRM is
 ``clipvil_pretrain``'s own objective set, so that row is the CLIP-ViL Y runs (``clipvil-Y/``), not a
@@ -24,7 +25,8 @@ Pretraining runs ``--pretrain-steps`` optimizer steps of ``--pretrain-batch-size
 600 x 16: the budget in which every objective leaves chance with the pretraining defaults,
 docs/results/pretraining.md; the experiments' own 100 steps of 4 are the README main job's stage, in
 which ISP stays at chance).  A run whose folder already holds its result (``encoder.pt`` and a finished
-``run.json`` for pretraining, ``test_metrics.json`` for fine-tuning) is reused, and an interrupted one
+``run.json`` for pretraining, ``test_metrics.json`` for fine-tuning; a finished fine-tuning is reused without
+its ``encoder.pt``) is reused, and an interrupted one
 resumes in place (the same folder), so the script can be stopped and started again.  A folder whose run
 was made with other overrides (``.hydra/overrides.yaml``) is an error, never silently reused.  Metrics
 are the Table 2 columns over the test split, against every order the DAG allows (``test/acc``,
@@ -81,7 +83,7 @@ ROWS: tuple[Row, ...] = (
     Row("image/N", 2, "Image-Only", "CLIP (Lite0 grid) N", IMAGE),
     Row("image/Y", 2, "Image-Only", "CLIP (Lite0 grid) Y", IMAGE, ("experiment=clip_image_pretrain",)),
     Row("text/N", 2, "Text-Only", "RoBERTa (MiniLM) N", TEXT),
-    Row("text/Y", 2, "Text-Only", "RoBERTa (MiniLM) Y", TEXT, ("experiment=roberta_pretrain",)),
+    Row("text/Y", 2, "Text-Only", "RoBERTa (MiniLM) Y", TEXT, ("experiment=clipvil_pretrain", "modality=text", "objectives=mlm")),
     Row("visualbert/N", 2, "Multimodal", "VisualBERT N", VISUALBERT),
     Row("visualbert/Y", 2, "Multimodal", "VisualBERT Y", VISUALBERT, ("experiment=visualbert_pretrain",)),
     Row("clipvil/N", 2, "Multimodal", "CLIP-ViL N", CLIPVIL),
@@ -99,10 +101,13 @@ ROWS: tuple[Row, ...] = (
 )
 ROW_BY_KEY = {r.key: r for r in ROWS}
 ROW_KEYS = tuple(r.key for r in ROWS)
-TEXT_ONLY_DATA = {"roc": "berson_roc"}
-"""Text-only data configs -> their fine-tuning experiment (the synthetic worlds use ``berson_finetune``):
-with ``--data roc`` the text rows are Wu et al.'s text-only N / Y on real stories (``roberta_pretrain``
-on the training part of ``roc/dev.tsv``, then ``berson_roc``)."""
+TEXT_ONLY_DATA = {"roc": ("berson_roc", "roberta_pretrain")}
+"""Text-only data configs -> (fine-tuning experiment, the Y row's pretraining experiment).  The synthetic
+worlds fine-tune with ``berson_finetune`` and pretrain text/Y with ``clipvil_pretrain modality=text
+objectives=mlm``: the single-stream encoder ``berson_finetune modality=text`` fine-tunes, so text-only N and
+Y share one architecture (text/N's).  With ``--data roc`` the text rows are Wu et al.'s text-only N / Y on
+real stories (``roberta_pretrain`` on the training part of ``roc/dev.tsv``, then ``berson_roc``, both the
+plain text encoder)."""
 
 
 def _train(overrides: list[str], run_dir: Path, log_name: str) -> None:
@@ -149,16 +154,19 @@ def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str],
     ``overrides``; ``finetune_only``: the fine-tuning run's own (``--finetune-override``), after them."""
     base = out / row.key.replace("/", "-") / f"seed{seed}"
     common = [f"seed={seed}", f"data={data}", *overrides]
-    experiment = TEXT_ONLY_DATA.get(data, "berson_finetune")
+    experiment, text_pretrain = TEXT_ONLY_DATA.get(data, ("berson_finetune", None))
     finetune = [f"experiment={experiment}", *row.finetune, *common, *finetune_only]
+    ft_dir = base / "finetune"
     if row.pretrain is not None:
         pre_dir = base / "pretrain"
-        pretrain = [*row.pretrain, *budget, *common]
+        pretrain = [*((f"experiment={text_pretrain}",) if text_pretrain else row.pretrain), *budget, *common]
         _check_overrides(pre_dir, pretrain)
-        if not _pretrained(pre_dir):
-            _train(pretrain, pre_dir, "pretrain.log")
         finetune.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
-    ft_dir = base / "finetune"
+        _check_overrides(ft_dir, finetune)
+        # a finished fine-tuning needs its encoder no more: runs copied without their (large) encoder.pt,
+        # e.g. back from another machine, are reused, not pretrained again
+        if read_test_metrics(ft_dir) is None and not _pretrained(pre_dir):
+            _train(pretrain, pre_dir, "pretrain.log")
     _check_overrides(ft_dir, finetune)
     metrics = read_test_metrics(ft_dir)
     if metrics is None:

@@ -81,11 +81,35 @@ def test_a_row_that_repeats_another_reuses_its_runs(tmp_path, monkeypatch, capsy
     assert summary["clipvil/mlm_isp_smrm/pmr"] == summary["clipvil/Y/pmr"]
 
 
-@pytest.mark.slow  # five tiny train.py runs: about a minute on 2 cores
+def test_text_rows_pretrain_the_encoder_their_fine_tuning_loads(tmp_path, monkeypatch):
+    """On the synthetic worlds text/N fine-tunes the single-stream encoder without images; text/Y must
+    pretrain that encoder (roberta_pretrain's plain text encoder has no step embedding: its encoder.pt did
+    not load), and on ROCStories both stages use the plain text encoder."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    calls = []
+    monkeypatch.setattr(tables, "_train", _fake_train(calls))
+    tables.run_row(tables.ROW_BY_KEY["text/Y"], 1, tmp_path / "hard", "synthetic_hard", [])
+    tables.run_row(tables.ROW_BY_KEY["text/Y"], 1, tmp_path / "roc", "roc", [])
+    encoders = []
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        for _, overrides in calls:
+            cfg = compose("train", overrides=[o for o in overrides if not o.startswith("model.encoder.ckpt=")])
+            encoders.append(OmegaConf.to_container(cfg.model.encoder, resolve=True))
+    pre, ft, roc_pre, roc_ft = encoders
+    for a, b in ((pre, ft), (roc_pre, roc_ft)):
+        same = {k for k in set(a) | set(b) if k not in ("step_init_std", "visual")}  # init / trainability only
+        assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}
+    assert ft["modality"] == "text" and ft["step_embedding"] is True and roc_ft["name"] == "text"
+    assert calls[0][1][0] == "experiment=clipvil_pretrain" and calls[2][1][0] == "experiment=roberta_pretrain"
+
+
+@pytest.mark.slow  # seven tiny train.py runs: about a minute and a half on 2 cores
 def test_tiny_tables_run_then_resume_without_training(tmp_path, cache_dir):
     out = tmp_path / "tables"
     cmd = [sys.executable, str(ROOT / "scripts" / "wu2022_tables.py"), "--seeds", "1", "--out", str(out),
-           "--rows", "clipvil/N", "clipvil/Y", "image/isp", "--", f"paths.cache_dir={cache_dir}", *TINY]
+           "--rows", "clipvil/N", "clipvil/Y", "image/isp", "text/Y", "--", f"paths.cache_dir={cache_dir}", *TINY]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -94,7 +118,8 @@ def test_tiny_tables_run_then_resume_without_training(tmp_path, cache_dir):
     assert "| Image-Only | ISP |" in first.stdout
     line = [x for x in first.stdout.splitlines() if x.startswith(tables.MARKER)][-1]
     summary = json.loads(line[len(tables.MARKER):])
-    assert set(summary) == {f"{row}/{m}" for row in ("clipvil/N", "clipvil/Y", "image/isp") for m, _, _ in tables.METRICS}
+    assert set(summary) == {f"{row}/{m}" for row in ("clipvil/N", "clipvil/Y", "image/isp", "text/Y")
+                            for m, _, _ in tables.METRICS}
     assert 0.0 <= summary["clipvil/Y/pmr"]["mean"] <= 100.0 and summary["clipvil/Y/pmr"]["n"] == 1
     # the same command again: every run is reused, nothing trains, the same figures come out
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
@@ -140,6 +165,15 @@ def test_pretraining_budget_comes_before_the_users_overrides_and_finetune_overri
     assert tables.run_row(row, 3, tmp_path, "roc", ["trainer.max_steps=7"], budget,
                           ("trainer.limit_test_batches=2",)) == metrics
     assert calls == []
+    # ... also without the encoder (runs copied back from another machine leave encoder.pt behind)
+    (tmp_path / "text-Y" / "seed3" / "pretrain" / "encoder.pt").unlink()
+    assert tables.run_row(row, 3, tmp_path, "roc", ["trainer.max_steps=7"], budget,
+                          ("trainer.limit_test_batches=2",)) == metrics
+    assert calls == []
+    # but a fine-tuning that has not finished needs its encoder: the pretraining runs again
+    (tmp_path / "text-Y" / "seed3" / "finetune" / "test_metrics.json").unlink()
+    tables.run_row(row, 3, tmp_path, "roc", ["trainer.max_steps=7"], budget, ("trainer.limit_test_batches=2",))
+    assert [log for log, _ in calls] == ["pretrain.log", "finetune.log"]
 
 
 def test_a_folder_made_with_other_overrides_is_an_error_not_reused(tmp_path, monkeypatch):
