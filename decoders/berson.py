@@ -23,6 +23,7 @@ exact search).  Shapes: ``B`` instances, ``n`` step slots, ``H`` hidden size.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -228,17 +229,30 @@ class BersonDecoder(nn.Module):
         keys = self._keys(state, last, second, unpointed)
         return self._scores(keys, hidden, unpointed)
 
-    def loss_terms(self, state: BersonState, gold: torch.Tensor, pair_targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    def loss_terms(self, state: BersonState, gold: torch.Tensor, pair_targets: torch.Tensor,
+                   next_ok: Optional[torch.Tensor] = None, pair_mask: Optional[torch.Tensor] = None
+                   ) -> dict[str, torch.Tensor]:
         """Per-instance sums and counts of the loss, each (B,): ``pointer_nll`` over ``steps`` real
         steps, ``pair_bce`` and ``pair_correct`` over ``pairs`` valid pairs.
+
+        ``next_ok`` (B, n, n) bool, optional: the steps the pointer may point at t-th (teacher-forced on
+        ``gold``); its NLL is then that of pointing at any of them (log of their summed probability)
+        instead of at ``gold[:, t]``.  ``pair_mask`` (B, n, n) bool, optional: the pairs the pairwise
+        loss counts (default every valid pair).  Both from
+        :func:`seqaware.modules.sequencing.reference_targets` (``model.multi_reference_targets``).
 
         Means over any set of instances (a batch, the global batch of every rank, a whole split)
         are sums of these divided by sums of the counts.
         """
         logp = self.pointer_log_probs(state, gold)
         real = gold >= 0
-        picked = logp.gather(2, gold.clamp(min=0)[..., None]).squeeze(-1)
+        if next_ok is None:
+            picked = logp.gather(2, gold.clamp(min=0)[..., None]).squeeze(-1)
+        else:  # every row holds its gold step, whose log-probability is finite
+            picked = torch.logsumexp(logp.masked_fill(~next_ok, NEG_INF), dim=-1)
         valid = valid_pairs(state.step_mask)
+        if pair_mask is not None:
+            valid = valid & pair_mask
         logits = state.pair_logits.float()
         bce = F.binary_cross_entropy_with_logits(logits, pair_targets.float(), reduction="none")
         correct = ((logits > 0) == (pair_targets > 0.5)) & valid

@@ -10,7 +10,7 @@ import torch
 from decoders import PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, pair_index
 from decoders.exact import MAX_EXACT_STEPS, exact_order, exact_order_single
-from seqaware.modules.sequencing import pairwise_targets
+from seqaware.modules.sequencing import pairwise_targets, reference_targets
 
 H = 32
 
@@ -312,3 +312,87 @@ def test_gradients_are_bitwise_repeatable_with_threads():
             assert [k for k in first if not torch.equal(first[k], again[k])] == []
     finally:
         torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- multi-reference targets (model.multi_reference_targets)
+def _dag_batch():
+    """Two procedures of the synthetic kind: two independent chains 0->1, 2->3 (6 valid orders) and a
+    single chain of 3 steps (one order); shuffled into their input positions by the evaluation view."""
+    from data_modules.collate import StepCollator
+    from data_modules.views import SequencingView
+    from seqaware.pretrained import load_tokenizer
+    from seqaware.procedure import Procedure, Step
+
+    procs = [Procedure(id="chains", steps=[Step(text=f"chain step {i}") for i in range(4)], dag=[(0, 1), (2, 3)]),
+             Procedure(id="line", steps=[Step(text=f"line step {i}") for i in range(3)], dag=[(0, 1), (1, 2)])]
+    view = SequencingView(procs, seed=3)
+    collate = StepCollator(tokenizer=load_tokenizer("offline:minilm"), image_size=64, use_text=True, use_images=False)
+    return collate([view[0], view[1]])
+
+
+def _linear_extensions(n, edges):
+    return [p for p in itertools.permutations(range(n)) if all(p.index(a) < p.index(b) for a, b in edges)]
+
+
+def test_reference_targets_accept_every_order_the_dag_allows():
+    batch = _dag_batch()
+    next_ok, fixed = reference_targets(batch["gold"], batch["step_mask"], batch["meta"])
+    assert next_ok.shape == fixed.shape == (2, 4, 4)
+    for b, (n, edges) in enumerate([(4, [(0, 1), (2, 3)]), (3, [(0, 1), (1, 2)])]):
+        perm = batch["meta"][b]["step_index"]            # input position -> original step
+        orders = _linear_extensions(n, edges)            # brute force, independent of the view's enumeration
+        assert len(batch["meta"][b]["references"]) == len(orders)
+        for t in range(n):  # after the authored prefix 0..t-1, any order continuing it may put its t-th step next
+            allowed = {o[t] for o in orders if list(o[:t]) == list(range(t))}
+            assert {perm[j] for j in range(n) if next_ok[b, t, j]} == allowed
+        for i, j in itertools.product(range(n), range(n)):
+            agree = len({o.index(perm[i]) < o.index(perm[j]) for o in orders}) == 1
+            assert bool(fixed[b, i, j]) == agree
+    # the hand example: after step 0 of the two chains, 1 (its chain) or 2 (the other chain's head)
+    inv = {orig: p for p, orig in enumerate(batch["meta"][0]["step_index"])}
+    assert next_ok[0, 1].nonzero().flatten().tolist() == sorted([inv[1], inv[2]])
+    assert bool(fixed[0, inv[0], inv[1]]) and not fixed[0, inv[0], inv[3]] and not fixed[0, inv[1], inv[2]]
+    # padding rows of the short instance hold only their (padding) gold slot
+    assert next_ok[1, 3].sum() == 1
+    bad = [dict(m) for m in batch["meta"]]
+    bad[1]["references"] = [[2, 1, 0]]
+    with pytest.raises(ValueError, match="'line': its first reference"):
+        reference_targets(batch["gold"], batch["step_mask"], bad)
+
+
+def test_multi_reference_pointer_nll_is_the_mass_on_any_valid_next_step(decoder):
+    batch = _dag_batch()
+    gold, mask = batch["gold"], batch["step_mask"]
+    state, _, _ = _random_state(decoder, mask, seed=1)
+    targets, _ = pairwise_targets(gold, mask)
+    next_ok, fixed = reference_targets(gold, mask, batch["meta"])
+    logp = decoder.pointer_log_probs(state, gold).detach().double()
+    multi = decoder.loss_terms(state, gold, targets, next_ok, fixed)
+    authored = decoder.loss_terms(state, gold, targets)
+    for b in range(2):
+        n = int(mask[b].sum())
+        expected = -sum(np.log(sum(np.exp(float(logp[b, t, j])) for j in range(n) if next_ok[b, t, j])) for t in range(n))
+        assert float(multi["pointer_nll"][b]) == pytest.approx(expected, rel=1e-5)
+    # one order (the chain): the same loss as BERSON's; two chains: less (more mass is right), fewer pairs
+    assert float(multi["pointer_nll"][1]) == pytest.approx(float(authored["pointer_nll"][1]), rel=1e-6)
+    assert float(multi["pointer_nll"][0]) < float(authored["pointer_nll"][0])
+    assert multi["pairs"].tolist() == [4, 6] and authored["pairs"].tolist() == [12, 6]   # 2 chain pairs x 2 directions
+    one_hot = torch.zeros_like(next_ok).scatter_(2, gold.clamp(min=0)[..., None], True)
+    same = decoder.loss_terms(state, gold, targets, one_hot)
+    assert torch.allclose(same["pointer_nll"], authored["pointer_nll"])
+
+
+def test_module_trains_on_multi_reference_targets_with_finite_gradients():
+    batch = _dag_batch()
+    module = _module("text", multi_reference_targets=True)
+    module.train()
+    losses, _ = module._losses(batch)
+    losses["loss"].backward()
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    other = _module("text")  # the same initial weights, BERSON's targets
+    module.eval(), other.eval()  # no dropout: the same pointer distributions
+    with torch.no_grad():
+        multi, authored = module._losses(batch)[0], other._losses(batch)[0]
+    assert float(multi["pointer_loss"]) < float(authored["pointer_loss"])
+    assert module.hparams.multi_reference_targets is True

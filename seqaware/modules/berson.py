@@ -23,7 +23,7 @@ from decoders import PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, BersonState, pair_index, take_steps
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
-from seqaware.modules.sequencing import pairwise_targets
+from seqaware.modules.sequencing import pairwise_targets, reference_targets
 
 POINTER_DECODERS = ("beam", "greedy")
 
@@ -43,6 +43,12 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         head_lr: learning rate of the BERSON network (default: the optimiser's lr, as in BERSON).
         reference_selection: ``joint`` | ``wu2022``: which reference of a multi-reference instance is
             scored (:func:`seqaware.metrics.ordering.select_reference`).
+        multi_reference_targets: train (and score the losses) against every reference order of an
+            instance: the pointer's NLL at step t is that of pointing at any step some reference puts
+            next after the authored prefix, and the pairwise loss counts only the pairs every reference
+            orders the same way (:func:`seqaware.modules.sequencing.reference_targets`).  Default False:
+            BERSON's loss on the authored order, which for a DAG with independent chains asks for one
+            arbitrary interleaving while PMR accepts any.
 
     Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
     the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
@@ -51,7 +57,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
 
     def __init__(self, encoder: dict, optimizer: dict, decoder: Optional[dict] = None, scheduler: Optional[dict] = None,
                  decoding: str = "beam", beam_size: int = 16, pair_chunk: int = 128, checkpoint_chunks: bool = False,
-                 head_lr: Optional[float] = None, reference_selection: str = "joint"):
+                 head_lr: Optional[float] = None, reference_selection: str = "joint",
+                 multi_reference_targets: bool = False):
         super().__init__()
         if decoding not in POINTER_DECODERS and decoding not in PAIRWISE_DECODERS:
             raise ValueError(f"model.decoding must be one of {list(POINTER_DECODERS) + sorted(PAIRWISE_DECODERS)}, "
@@ -60,7 +67,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                                    "optimizer": as_container(optimizer), "scheduler": as_container(scheduler),
                                    "decoding": decoding, "beam_size": beam_size, "pair_chunk": pair_chunk,
                                    "checkpoint_chunks": checkpoint_chunks, "head_lr": head_lr,
-                                   "reference_selection": reference_selection})
+                                   "reference_selection": reference_selection,
+                                   "multi_reference_targets": multi_reference_targets})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
@@ -68,6 +76,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         self.beam_size = int(beam_size)
         self.pair_chunk = int(pair_chunk)
         self.checkpoint_chunks = bool(checkpoint_chunks)
+        self.multi_reference_targets = bool(multi_reference_targets)
         self._init_eval(reference_selection)
 
     def param_groups(self) -> list[dict]:
@@ -143,7 +152,10 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         """Per-instance loss sums and counts (:meth:`decoders.berson.BersonDecoder.loss_terms`) and the state."""
         state = self.encode(batch)
         targets, _ = pairwise_targets(batch["gold"], batch["step_mask"])
-        return self.decoder.loss_terms(state, batch["gold"], targets), state
+        next_ok = pair_mask = None
+        if self.multi_reference_targets:
+            next_ok, pair_mask = reference_targets(batch["gold"], batch["step_mask"], batch["meta"])
+        return self.decoder.loss_terms(state, batch["gold"], targets, next_ok, pair_mask), state
 
     def _losses(self, batch: dict) -> tuple[dict[str, torch.Tensor], BersonState]:
         """The training loss: pointer NLL per real step + ``lambda_pair`` * BCE per pair, each the

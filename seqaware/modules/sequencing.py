@@ -27,6 +27,42 @@ def pairwise_targets(gold: torch.Tensor, step_mask: torch.Tensor) -> tuple[torch
     return (rank[:, :, None] < rank[:, None, :]).float(), mask
 
 
+def reference_targets(gold: torch.Tensor, step_mask: torch.Tensor, meta: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Targets that accept every reference order of an instance, not only the authored one.
+
+    Returns ``next_ok`` (B, S, S) bool: ``next_ok[b, t, j]`` -- input step j may be the t-th step after the
+    authored prefix ``gold[b, :t]`` in some reference order (the authored next step always may; padding
+    rows hold it alone), and ``fixed`` (B, S, S) bool: every reference puts input steps i and j in the same
+    order, so the pair has one right answer.  ``meta[b]["references"]`` are orders of original step indices
+    and ``meta[b]["step_index"]`` maps input positions to them (:class:`data_modules.views.ViewItem`); the
+    first reference must be ``gold``.
+    """
+    B, S = step_mask.shape
+    next_ok = torch.zeros(B, S, S, dtype=torch.bool)
+    fixed = torch.ones(B, S, S, dtype=torch.bool)
+    gold_cpu = gold.detach().cpu()
+    for b, m in enumerate(meta):
+        position = {orig: p for p, orig in enumerate(m["step_index"])}
+        n = int(step_mask[b].sum())
+        try:
+            refs = torch.tensor([[position[i] for i in ref] for ref in m["references"]], dtype=torch.long)
+        except KeyError as err:
+            raise ValueError(f"instance {m.get('id')!r}: a reference names step {err.args[0]}, which is not one of "
+                             f"its input steps {m['step_index']}") from None
+        if refs.shape[1] != n or not torch.equal(refs[0], gold_cpu[b, :n]):
+            raise ValueError(f"instance {m.get('id')!r}: its first reference {m['references'][0]} is not its gold "
+                             f"order (input positions {gold_cpu[b, :n].tolist()})")
+        for t in range(n):
+            follows = (refs[:, :t] == refs[0, :t]).all(1)
+            next_ok[b, t, refs[follows, t]] = True
+        rank = torch.empty_like(refs)
+        rank.scatter_(1, refs, torch.arange(n).expand_as(refs))
+        before = rank[:, :, None] < rank[:, None, :]                              # (R, n, n)
+        fixed[b, :n, :n] = before.all(0) | (~before).all(0)
+    next_ok.scatter_(2, gold_cpu.clamp(min=0)[..., None], True)
+    return next_ok.to(gold.device), fixed.to(gold.device)
+
+
 class PairwiseSequencingModule(OrderingEvalMixin, SeqawareModule):
     """Wires a pairwise order network, its BCE loss, a decoder and the ordering metrics.
 
