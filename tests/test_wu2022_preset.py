@@ -60,10 +60,14 @@ def test_pretraining_defaults_that_let_the_swap_objectives_learn_and_the_paper_p
     step (ISP / PISP take turns); hparams=wu2022: MLM alone at every step (Eq. 1), 5-step stories."""
     for experiment in ("clipvil_pretrain", "visualbert_pretrain", "clip_image_pretrain"):
         cfg = compose_train(f"experiment={experiment}")
-        assert cfg.data.view.max_steps == 2 and cfg.model.encoder.step_init_std == 0.1
+        assert cfg.data.view.max_steps == 2 and cfg.data.view.min_steps == 2 and cfg.model.encoder.step_init_std == 0.1
         assert list(cfg.model.objectives.always) == ["mlm", "smrm"]
-    paper = compose_train("experiment=clipvil_pretrain", "hparams=wu2022")
-    assert list(paper.model.objectives.always) == ["mlm"] and paper.data.view.max_steps == 5
+    for experiment in ("clipvil_pretrain", "visualbert_pretrain", "clip_image_pretrain", "roberta_pretrain"):
+        paper = compose_train(f"experiment={experiment}", "hparams=wu2022")
+        # the authors' scripts: --min_story_length 5 --max_story_length 5 (whole stories, not 2-5 steps)
+        assert paper.data.view.min_steps == paper.data.view.max_steps == 5
+    assert list(paper.model.objectives.always) == ["mlm"]
+    assert "min_steps" not in compose_train("experiment=berson_finetune", "hparams=wu2022").data.view
     module = instantiate(compose_train("experiment=clipvil_pretrain", "objectives=all", *TINY_EXTRA["clipvil_pretrain"]).model)
     assert module.schedule.always == ("mlm", "smrm") and module.schedule.rotating == ("isp", "pisp")
 
