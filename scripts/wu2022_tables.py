@@ -4,6 +4,7 @@
     python scripts/wu2022_tables.py --seeds 1 2 3                       # every row, 3 seeds
     python scripts/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
     python scripts/wu2022_tables.py --seeds 1 2 3 --pretrain-steps 1200  # a longer pretraining budget
+    python scripts/wu2022_tables.py --seeds 1 2 3 --jobs 14 -- trainer.accelerator=gpu   # one GPU, 14 runs at a time
     python scripts/wu2022_tables.py --seeds 1 2 3 --out logs/wu2022 -- trainer.max_steps=300   # overrides for every run
     python scripts/wu2022_tables.py --seeds 1 2 3 --data roc   # text-only N / Y on ROCStories
         [--finetune-override trainer.limit_test_batches=32 ...]  # overrides of one stage only
@@ -40,9 +41,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -110,6 +113,19 @@ real stories (``roberta_pretrain`` on the training part of ``roc/dev.tsv``, then
 plain text encoder)."""
 
 
+CHILD_ENV: dict[str, str] = {}
+"""Environment the ``train.py`` processes get on top of this one's (``--jobs``: their thread count)."""
+
+
+def thread_env(jobs: int, cpus: Optional[int] = None) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` for ``jobs`` concurrent runs sharing ``cpus`` cores (at least
+    1 each), unless the user set them; nothing for one job (PyTorch's own default: every core)."""
+    if jobs <= 1:
+        return {}
+    per_job = str(max(1, (cpus or os.cpu_count() or 1) // jobs))
+    return {k: os.environ.get(k, per_job) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
 def _train(overrides: list[str], run_dir: Path, log_name: str) -> None:
     """One ``train.py`` process; its output goes to ``run_dir/<log_name>``; a failure stops the script."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +133,7 @@ def _train(overrides: list[str], run_dir: Path, log_name: str) -> None:
     log_path = run_dir.parent / log_name
     start = time.time()
     with log_path.open("w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CHILD_ENV})
     if proc.returncode != 0:
         raise SystemExit(f"train.py failed (exit {proc.returncode}) after {time.time() - start:.0f} s: "
                          f"{' '.join(cmd)}\n  see {log_path}")
@@ -224,7 +240,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--finetune-override", action="append", default=[], metavar="KEY=VALUE",
                         help="a train.py override of the fine-tuning runs only (repeatable), e.g. "
                              "trainer.limit_test_batches=32")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="(row, seed) runs at a time (each pretrains, then fine-tunes); their train.py processes "
+                             "get OMP_NUM_THREADS = cores / jobs unless it is set. One GPU takes many: 14 on an "
+                             "H200 with 16 cores (docs/results/sequencing.md)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.rows is None:
         args.rows = [k for k in ROW_KEYS if args.data not in TEXT_ONLY_DATA or k.startswith("text/")]
     unknown = sorted(set(args.rows) - set(ROW_KEYS))
@@ -237,13 +259,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         budget = (*pretrain_budget(args.pretrain_steps, args.pretrain_batch_size), *args.pretrain_override)
     except ValueError as err:
         parser.error(str(err))
-    results: dict[str, list[dict[str, float]]] = {}
+    runs_of = {row.key: ROW_BY_KEY[row.same_as] if row.same_as else row for row in rows}
     for row in rows:
-        runs_of = ROW_BY_KEY[row.same_as] if row.same_as else row
-        shared = f", the runs of {runs_of.key}" if runs_of is not row else ""
+        shared = f", the runs of {runs_of[row.key].key}" if runs_of[row.key] is not row else ""
         print(f"{row.key} (Table {row.table}: {row.label}{shared})", flush=True)
-        results[row.key] = [run_row(runs_of, seed, args.out, args.data, overrides, budget,
-                                       tuple(args.finetune_override)) for seed in args.seeds]
+    # every (row, seed) once (an aliased row shares its runs), longest first: the rows that pretrain
+    jobs = sorted({(runs_of[row.key].key, seed) for row in rows for seed in args.seeds},
+                  key=lambda job: (ROW_BY_KEY[job[0]].pretrain is None, ROW_KEYS.index(job[0]), job[1]))
+    CHILD_ENV.clear()
+    CHILD_ENV.update(thread_env(args.jobs))
+
+    def run(job: tuple[str, int]) -> dict[str, float]:
+        return run_row(ROW_BY_KEY[job[0]], job[1], args.out, args.data, overrides, budget, tuple(args.finetune_override))
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # threads wait on train.py processes
+        done = dict(zip(jobs, pool.map(run, jobs)))  # the first failure stops the script (after running jobs end)
+    results = {row.key: [done[(runs_of[row.key].key, seed)] for seed in args.seeds] for row in rows}
     summary = summarise(results)
     seeds = " ".join(map(str, args.seeds))
     for number in (2, 3):

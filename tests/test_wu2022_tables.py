@@ -108,7 +108,7 @@ def test_text_rows_pretrain_the_encoder_their_fine_tuning_loads(tmp_path, monkey
 @pytest.mark.slow  # seven tiny train.py runs: about a minute and a half on 2 cores
 def test_tiny_tables_run_then_resume_without_training(tmp_path, cache_dir):
     out = tmp_path / "tables"
-    cmd = [sys.executable, str(ROOT / "scripts" / "wu2022_tables.py"), "--seeds", "1", "--out", str(out),
+    cmd = [sys.executable, str(ROOT / "scripts" / "wu2022_tables.py"), "--seeds", "1", "--out", str(out), "--jobs", "2",
            "--rows", "clipvil/N", "clipvil/Y", "image/isp", "text/Y", "--", f"paths.cache_dir={cache_dir}", *TINY]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
@@ -190,6 +190,43 @@ def test_a_folder_made_with_other_overrides_is_an_error_not_reused(tmp_path, mon
         tables.pretrain_budget(0, 16)
 
 
+def test_jobs_run_each_row_and_seed_once_concurrently_with_the_same_tables(tmp_path, monkeypatch, capsys):
+    import threading
+    import time
+
+    running, peak, ran, lock = [0], [0], [], threading.Lock()
+
+    def fake_run_row(row, seed, out, data, overrides, budget, finetune_only):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            ran.append((row.key, seed))
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return _metrics(50.0 + seed, 0.1 * seed + (0.5 if row.pretrain else 0.0))
+
+    monkeypatch.setattr(tables, "run_row", fake_run_row)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    rows = ["clipvil/N", "clipvil/Y", "clipvil/mlm_isp_smrm", "text/N"]
+    outputs = []
+    for jobs in ("1", "4"):
+        ran.clear(), peak.__setitem__(0, 0)
+        assert tables.main(["--seeds", "1", "2", "--out", str(tmp_path), "--rows", *rows, "--jobs", jobs]) == 0
+        outputs.append(capsys.readouterr().out.splitlines()[-1])
+        assert sorted(ran) == sorted((r, s) for r in ("clipvil/N", "clipvil/Y", "text/N") for s in (1, 2))  # the alias: once
+        assert ran[:2] == [("clipvil/Y", 1), ("clipvil/Y", 2)]  # the runs that pretrain start first
+        assert peak[0] == int(jobs)
+    assert outputs[0] == outputs[1]  # the same table whatever the parallelism
+    assert tables.thread_env(1) == {}
+    assert tables.thread_env(4, cpus=16) == {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"}
+    assert tables.thread_env(14, cpus=2)["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert tables.thread_env(4, cpus=16)["OMP_NUM_THREADS"] == "3"  # the user's setting wins
+    with pytest.raises(SystemExit):
+        tables.main(["--jobs", "0"])
+
+
 def test_text_only_data_runs_the_text_rows_only(tmp_path, monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(tables, "run_row", lambda row, seed, out, data, overrides, budget, finetune_only: ran.append(
@@ -198,7 +235,7 @@ def test_text_only_data_runs_the_text_rows_only(tmp_path, monkeypatch, capsys):
                         "--pretrain-override", "trainer.val_check_interval=10",
                         "--finetune-override", "trainer.limit_test_batches=2"]) == 0
     budget = ("trainer.max_steps=50", "trainer.max_epochs=-1", "data.batch_size=16", "trainer.val_check_interval=10")
-    assert ran == [(key, 1, "roc", budget, ("trainer.limit_test_batches=2",)) for key in ("text/N", "text/Y")]
+    assert ran == [(key, 1, "roc", budget, ("trainer.limit_test_batches=2",)) for key in ("text/Y", "text/N")]  # pretraining rows first
     assert "Table 2 (ours; roc," in capsys.readouterr().out
     with pytest.raises(SystemExit):
         tables.main(["--data", "roc", "--rows", "text/N", "clipvil/N"])
