@@ -44,8 +44,9 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -178,14 +179,13 @@ def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str],
         pretrain = [*((f"experiment={text_pretrain}",) if text_pretrain else row.pretrain), *budget, *common]
         _check_overrides(pre_dir, pretrain)
         finetune.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
-        _check_overrides(ft_dir, finetune)
-        # a finished fine-tuning needs its encoder no more: runs copied without their (large) encoder.pt,
-        # e.g. back from another machine, are reused, not pretrained again
-        if read_test_metrics(ft_dir) is None and not _pretrained(pre_dir):
-            _train(pretrain, pre_dir, "pretrain.log")
     _check_overrides(ft_dir, finetune)
     metrics = read_test_metrics(ft_dir)
     if metrics is None:
+        # (a finished fine-tuning needs its encoder no more: runs copied without their large encoder.pt,
+        # e.g. back from another machine, are reused, not pretrained again)
+        if row.pretrain is not None and not _pretrained(pre_dir):
+            _train(pretrain, pre_dir, "pretrain.log")
         _train(finetune, ft_dir, "finetune.log")
         metrics = read_test_metrics(ft_dir)
         if metrics is None:
@@ -269,11 +269,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     CHILD_ENV.clear()
     CHILD_ENV.update(thread_env(args.jobs))
 
-    def run(job: tuple[str, int]) -> dict[str, float]:
-        return run_row(ROW_BY_KEY[job[0]], job[1], args.out, args.data, overrides, budget, tuple(args.finetune_override))
+    failed = threading.Event()
+
+    def run(job: tuple[str, int]) -> Optional[dict[str, float]]:
+        if failed.is_set():  # after a failure no run starts; the running ones finish, then the script stops
+            return None
+        try:
+            return run_row(ROW_BY_KEY[job[0]], job[1], args.out, args.data, overrides, budget,
+                           tuple(args.finetune_override))
+        except BaseException:
+            failed.set()
+            raise
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # threads wait on train.py processes
-        done = dict(zip(jobs, pool.map(run, jobs)))  # the first failure stops the script (after running jobs end)
+        futures = {pool.submit(run, job): job for job in jobs}
+        done = {futures[f]: f.result() for f in as_completed(futures)}  # the first failure is raised
     results = {row.key: [done[(runs_of[row.key].key, seed)] for seed in args.seeds] for row in rows}
     summary = summarise(results)
     seeds = " ".join(map(str, args.seeds))

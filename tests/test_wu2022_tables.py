@@ -225,6 +225,22 @@ def test_jobs_run_each_row_and_seed_once_concurrently_with_the_same_tables(tmp_p
     assert tables.thread_env(4, cpus=16)["OMP_NUM_THREADS"] == "3"  # the user's setting wins
     with pytest.raises(SystemExit):
         tables.main(["--jobs", "0"])
+    # a failed run stops the script: no run starts after it (the one running beside it finishes)
+    def failing_run_row(row, seed, *args):
+        with lock:
+            ran.append((row.key, seed))
+        if (row.key, seed) == ("clipvil/Y", 1):
+            time.sleep(0.1)  # the second job has started beside it
+            raise SystemExit("train.py failed")
+        time.sleep(0.2)
+        return _metrics(50.0, 0.5)
+
+    monkeypatch.setattr(tables, "run_row", failing_run_row)
+    for jobs, expected in (("1", [("clipvil/Y", 1)]), ("2", [("clipvil/Y", 1), ("clipvil/Y", 2)])):
+        ran.clear()
+        with pytest.raises(SystemExit, match="train.py failed"):
+            tables.main(["--seeds", "1", "2", "--out", str(tmp_path), "--rows", *rows, "--jobs", jobs])
+        assert sorted(ran) == expected
 
 
 def test_text_only_data_runs_the_text_rows_only(tmp_path, monkeypatch, capsys):
