@@ -55,9 +55,7 @@ def reference_targets(gold: torch.Tensor, step_mask: torch.Tensor, meta: list[di
         for t in range(n):
             follows = (refs[:, :t] == refs[0, :t]).all(1)
             next_ok[b, t, refs[follows, t]] = True
-        rank = torch.empty_like(refs)
-        rank.scatter_(1, refs, torch.arange(n).expand_as(refs))
-        before = rank[:, :, None] < rank[:, None, :]                              # (R, n, n)
+        before = pairwise_targets(refs, torch.ones_like(refs, dtype=torch.bool))[0].bool()  # (R, n, n) per reference
         fixed[b, :n, :n] = before.all(0) | (~before).all(0)
     next_ok.scatter_(2, gold_cpu.clamp(min=0)[..., None], True)
     return next_ok.to(gold.device), fixed.to(gold.device)
