@@ -189,3 +189,60 @@ def test_warmup_ratio_with_a_step_count_or_a_schedule_without_warmup_is_a_clear_
                   {"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_ratio": 0.1, "step_size": 10}):
         with pytest.raises(ValueError, match="warmup_ratio"):
             _built_schedule(sched, 200)
+
+
+def _collate_one_step(cfg, tmp_path, text: str):
+    """The composed data config's collator on one procedure of two steps (the first with ``text``, both
+    with a 64-px image): its batch."""
+    from PIL import Image
+
+    from data_modules.views import ViewItem
+    from seqaware.procedure import Step
+
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "step.png")
+    steps = [Step(text=text, images=["step.png"]), Step(text="Second step.", images=["step.png"])]
+    item = ViewItem("p", steps, [0, 1], [0, 1], [[0, 1]], None, [], str(tmp_path))
+    return instantiate(cfg.data).collator([item])
+
+
+@pytest.mark.parametrize("experiment", ["clipvil_pretrain", "visualbert_pretrain", "berson_finetune"])
+def test_wu2022_input_limits_are_the_papers(compose_train, tmp_path, experiment):
+    """Sec. 5.2: 60 word pieces per step, 224 x 224 images (7 x 7 = 49 CLIP patches), whatever the
+    experiment's own (CPU-sized) limits are."""
+    words = " ".join(f"word{i}" for i in range(100))  # a 100-word, 1-sentence step: far over 60 word pieces
+    paper = _collate_one_step(compose_train(f"experiment={experiment}", "hparams=wu2022"), tmp_path, words)
+    assert paper["input_ids"].shape[-1] == 60 and int(paper["attention_mask"][0, 0].sum()) == 60  # [CLS] + 58 + [SEP]
+    assert paper["pixel_values"].shape[-2:] == (224, 224)
+    plain = _collate_one_step(compose_train(f"experiment={experiment}"), tmp_path, words)
+    assert plain["pixel_values"].shape[-2:] == (128, 128)  # the experiments' CPU-sized images
+    if experiment != "berson_finetune":
+        assert plain["input_ids"].shape[-1] == 24
+
+
+def test_wu2022_224px_images_give_49_visual_tokens(compose_train):
+    """7 x 7 = 49 tokens per 224-px image (sec. 5.2) from the offline backbone the preset composes with."""
+    cfg = compose_train("experiment=clipvil_pretrain", "hparams=wu2022", *TINY_EXTRA["clipvil_pretrain"][:1])
+    encoder = instantiate(cfg.model.encoder)
+    feats, patch_mask = encoder.visual_features(torch.zeros(1, 3, cfg.data.collator.image_size, cfg.data.collator.image_size))
+    assert feats.shape[1] == 49 and (patch_mask is None or bool(patch_mask.all()))
+
+
+def test_wu2022_pretraining_is_eq1_one_objective_per_mini_batch_beside_mlm(compose_train):
+    """Eq. 1 (sec. 4.2.4): L = L_MLM + L_obj with obj drawn per mini-batch: over many steps every step has
+    MLM and exactly one other objective, each about equally often; seqaware's default also runs SMRM at
+    every step (ISP alone rotates)."""
+    from collections import Counter
+
+    def draws(*overrides):
+        module = instantiate(compose_train("experiment=clipvil_pretrain", *overrides, *TINY_EXTRA["clipvil_pretrain"]).model)
+        return [module.schedule.draw(step) for step in range(3000)]
+
+    paper = draws("hparams=wu2022")
+    assert all(len(d) == 2 and d[0] == "mlm" for d in paper)
+    counts = Counter(d[1] for d in paper)
+    assert set(counts) == {"isp", "smrm"} and abs(counts["isp"] / 3000 - 0.5) < 0.04, counts
+    paper_all = draws("hparams=wu2022", "objectives=all")
+    counts = Counter(d[1] for d in paper_all)
+    assert all(len(d) == 2 for d in paper_all) and set(counts) == {"isp", "pisp", "smrm"}
+    assert all(abs(c / 3000 - 1 / 3) < 0.04 for c in counts.values()), counts
+    assert all(d == ("mlm", "smrm", "isp") for d in draws())  # seqaware's default: MLM + SMRM, ISP alone rotates

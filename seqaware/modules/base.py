@@ -12,6 +12,8 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from hydra.utils import get_class, get_method, instantiate
+from pytorch_lightning.plugins.precision import MixedPrecision, Precision
+from pytorch_lightning.utilities import GradClipAlgorithmType
 from torch import nn
 
 from seqaware.config import to_plain
@@ -134,6 +136,31 @@ class SeqawareModule(pl.LightningModule):
     def param_groups(self) -> list[dict]:
         """Parameter groups of the optimiser (default: one group of all trainable parameters)."""
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip as ``trainer.gradient_clip_val`` / ``gradient_clip_algorithm`` say, also for optimizers that
+        unscale gradients inside ``step()`` (``fused=True`` AdamW, the default of the BERSON and pretraining
+        models) under mixed precision.
+
+        Lightning's mixed-precision plugin refuses to clip for such optimizers, under ``bf16-mixed`` too,
+        where nothing is scaled (no ``GradScaler``), so ``hparams=wu2022`` (clipping 1.0) could not run on
+        a GPU or a bf16 CPU.  Here the gradients are the true ones under bf16 and are clipped as they are;
+        under ``16-mixed`` the scaler first unscales them (``GradScaler.unscale_``), so the clip sees the
+        true gradients and ``GradScaler.step`` passes them to the fused step without unscaling twice
+        (it skips optimizers whose gradients are already unscaled, and still skips steps with inf/NaN).
+        Every other case (no clipping, unfused optimizers, other precision plugins such as FSDP's) is
+        Lightning's own :meth:`clip_gradients`.
+        """
+        plugin = self.trainer.precision_plugin
+        if (gradient_clip_val and type(plugin) is MixedPrecision
+                and getattr(optimizer, "_step_supports_amp_scaling", False)):
+            if plugin.scaler is not None:
+                plugin.scaler.unscale_(optimizer)
+            algorithm = GradClipAlgorithmType((gradient_clip_algorithm or "norm").lower())
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)  # the plain clip, on true gradients
+            return
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
     def configure_optimizers(self):
         opt_cfg = dict(self.hparams.optimizer)
