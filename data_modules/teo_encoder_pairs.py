@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from data_modules.adapters.catbench import read_catbench
 from data_modules.collate import first_sentences
 from data_modules.sampling import KeyedList, SplitLoaders, epoch_loader
-from data_modules.tasks.teo import teo_eval_sets, teo_training_pairs, twin_presentations
+from data_modules.tasks.teo import teo_eval_sets, teo_options, teo_training_pairs, twin_presentations
 from seqaware.metrics.teo import TEO_LABEL_ID
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure
@@ -62,13 +62,16 @@ class TeoEncoderPairsDataModule(SplitLoaders, pl.LightningDataModule):
         exclude_eval_plans: drop procedures whose id is a plan of ``eval_path`` from train/val.
         tokenizer, max_tokens, max_sentences: text handling (per step).
         batch_size / eval_batch_size, num_workers, seed.
+        teo: ``{pairs: edges | reduction}``: which DAG edges give ``before`` pairs
+            (:func:`data_modules.tasks.teo.teo_pairs`; ``edges`` is MATEO sec. 5.2).
     """
 
     def __init__(self, source: Callable[[], dict[str, list[Procedure]]], eval_path: Optional[str] = None,
                  exclude_eval_plans: bool = True, tokenizer: str = "offline:minilm", max_tokens: int = 60,
                  max_sentences: int = 5, batch_size: int = 32, eval_batch_size: int = 64, num_workers: int = 0,
-                 seed: int = 0):
+                 seed: int = 0, teo: Optional[dict] = None):
         super().__init__()
+        self.pair_rule = teo_options(teo)
         self.source = source
         self.eval_path = eval_path
         self.exclude_eval_plans = exclude_eval_plans
@@ -108,9 +111,10 @@ class TeoEncoderPairsDataModule(SplitLoaders, pl.LightningDataModule):
         if self.items:
             return
         splits, questions = self._splits_and_questions()
-        self.items["train"] = [_pair_item(p, "train") for p in teo_training_pairs(splits["train"], seed=self.seed)]
+        self.items["train"] = [_pair_item(p, "train") for p in teo_training_pairs(splits["train"], seed=self.seed,
+                                                                                      pairs=self.pair_rule)]
         for name in ("val", "test"):
-            sets = teo_eval_sets(splits.get(name, []))
+            sets = teo_eval_sets(splits.get(name, []), self.pair_rule)
             self.eval_sets[name] = sets
             # each pair next to its swapped presentation, so a partial pass (limit_val_batches) scores whole pairs
             self.items[name] = [_pair_item(p, s) for s, p in twin_presentations(sets)]

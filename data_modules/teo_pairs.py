@@ -29,7 +29,7 @@ the left-padded prompts only (for ``generate``) plus the pair records.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -37,7 +37,8 @@ from torch.utils.data import DataLoader
 
 from data_modules.images import ImageLoadError, check_procedure_images, open_rgb
 from data_modules.sampling import KeyedList, SplitLoaders, epoch_loader
-from data_modules.tasks.teo import stratified_split, teo_class_counts, teo_eval_sets, teo_training_pairs, twin_presentations
+from data_modules.tasks.teo import (stratified_split, teo_class_counts, teo_eval_sets, teo_options, teo_training_pairs,
+                                   twin_presentations)
 from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
 from seqaware.vlm.prompts import (MODALITIES, QUESTION_STRATEGIES, TEO_TARGET_FORMATS, build_teo_finetune_prompt,
                                   build_teo_prompt, teo_answer)
@@ -213,6 +214,8 @@ class TeoPairsDataModule(SplitLoaders, pl.LightningDataModule):
             first original pairs), for quick runs.
         num_workers, pin_memory, persistent_workers: DataLoader settings.
         seed: pair shuffling, split and sampler seed.
+        teo: ``{pairs: edges | reduction}``: which DAG edges give ``before`` pairs
+            (:func:`data_modules.tasks.teo.teo_pairs`; ``edges``, every annotated edge, is MATEO sec. 5.2).
         train_path / val_path / test_path: passed on to file-based sources (``data=jsonl``-style).
         allow_outside_images, verify_images, image_check_cache: image checks before the first step,
             as in :class:`data_modules.datamodule.ProcedureDataModule` (decoding only when the
@@ -226,9 +229,11 @@ class TeoPairsDataModule(SplitLoaders, pl.LightningDataModule):
                  num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False, seed: int = 0,
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
                  prompts_dir: str | None = None, prompt: str = "finetune", target_format: str = "mateo",
-                 allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None):
+                 allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None,
+                 teo: Mapping[str, Any] | None = None):
         super().__init__()
         check_prompt_options(modality, strategy, prompt, target_format)
+        self.pair_rule = teo_options(teo)
         self.prompt, self.target_format = prompt, target_format
         self.image_checks = {"allow_outside": allow_outside_images, "cache_dir": image_check_cache,
                              "decode": verify_images and modality in ("image", "image_text")}
@@ -287,11 +292,13 @@ class TeoPairsDataModule(SplitLoaders, pl.LightningDataModule):
         for split, procs in splits.items():
             roots = {p.id: p.root for p in procs}
             if split == "train":
-                pairs = [dict(p, set="train") for p in teo_training_pairs(procs, seed=self.seed)[: self.max_train_pairs]]
+                pairs = [dict(p, set="train") for p in
+                         teo_training_pairs(procs, seed=self.seed, pairs=self.pair_rule)[: self.max_train_pairs]]
             else:
                 # each original pair directly followed by its swapped twin: any prefix of the loader
                 # (limit_val_batches, fast_dev_run) holds complete pairs for consistency accuracy
-                pairs = [dict(p, set=name) for name, p in twin_presentations(teo_eval_sets(procs), self.max_eval_pairs)]
+                pairs = [dict(p, set=name) for name, p in twin_presentations(teo_eval_sets(procs, self.pair_rule),
+                                                                                 self.max_eval_pairs)]
             pairs = [resolve_pair_images(p, roots[p["procedure_id"]]) for p in pairs]
             self.datasets[split] = KeyedList(pairs, name=f"{split} TEO pairs")
             log.info("TEO %s pairs: %d %s", split, len(pairs), teo_class_counts(pairs))

@@ -142,13 +142,14 @@ class PlanCollator:
                 "labels": labels, "meta": items}
 
 
-def plan_item(procedure: Procedure, split: str, seed: int = 0) -> dict[str, Any]:
-    """One plan: its step texts, training labels (train) or the original + swapped pairs to score."""
+def plan_item(procedure: Procedure, split: str, seed: int = 0, pairs: str = "edges") -> dict[str, Any]:
+    """One plan: its step texts, training labels (train) or the original + swapped pairs to score
+    (``pairs``: the pair rule of :func:`data_modules.tasks.teo.teo_pairs`)."""
     item: dict[str, Any] = {"plan_id": procedure.id, "steps": [s.text or "" for s in procedure.steps]}
     if split == "train":
-        item["labels"] = [(p["a"], p["b"], p["label"]) for p in teo_training_pairs([procedure], seed=seed)]
+        item["labels"] = [(p["a"], p["b"], p["label"]) for p in teo_training_pairs([procedure], seed=seed, pairs=pairs)]
     else:
-        item["pairs"] = [dict(p, set=name) for name, p in twin_presentations(teo_eval_sets([procedure]))]
+        item["pairs"] = [dict(p, set=name) for name, p in twin_presentations(teo_eval_sets([procedure], pairs))]
         # validation also reports the loss on the same labels the model is trained on
         item["labels"] = [(p["a"], p["b"], p["label"]) for p in item["pairs"]]
     return item
@@ -194,11 +195,11 @@ class TeoPlansDataModule(TeoEncoderPairsDataModule):
         if self.items:
             return
         splits, questions = self._splits_and_questions()
-        with_pairs = {name: [p for p in procs if teo_pairs(p)] for name, procs in splits.items()}
-        self.items["train"] = [plan_item(p, "train", self.seed) for p in with_pairs["train"]]
+        with_pairs = {name: [p for p in procs if teo_pairs(p, self.pair_rule)] for name, procs in splits.items()}
+        self.items["train"] = [plan_item(p, "train", self.seed, self.pair_rule) for p in with_pairs["train"]]
         for name in ("val", "test"):
-            self.eval_sets[name] = teo_eval_sets(with_pairs.get(name, []))
-            self.items[name] = [plan_item(p, name) for p in with_pairs.get(name, [])]
+            self.eval_sets[name] = teo_eval_sets(with_pairs.get(name, []), self.pair_rule)
+            self.items[name] = [plan_item(p, name, pairs=self.pair_rule) for p in with_pairs.get(name, [])]
         if questions is not None:
             self.items["test"] = catbench_plan_items(questions)
         for name, items in self.items.items():

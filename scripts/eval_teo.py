@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from data_modules.tasks.coherence import coherence_instances  # noqa: E402
 from data_modules.tasks.iso import iso_instances  # noqa: E402
-from data_modules.tasks.teo import teo_eval_sets  # noqa: E402
+from data_modules.tasks.teo import teo_eval_sets, teo_options  # noqa: E402
 from seqaware.procedure import Procedure, read_procedures  # noqa: E402
 from seqaware.vlm.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES  # noqa: E402
 from seqaware.vlm.protocols import evaluate_coherence, evaluate_iso, evaluate_teo  # noqa: E402
@@ -144,13 +144,14 @@ def run(cfg: Any, generate: Callable | None = None, signature: str | None = None
               "image_root": root, "batch_size": int(cfg.batch_size), "seed": int(cfg.seed)}
     results = []
     if "teo" in cfg.tasks:
-        eval_sets = teo_eval_sets(procedures)
+        eval_sets = teo_eval_sets(procedures, teo_options(cfg.teo))
         if not eval_sets["original"]:
             raise SystemExit("no TEO pairs: the selected procedures have no dependency DAG")
         log.info("TEO: %d pairs x 2 presentations", len(eval_sets["original"]))
         for strategy in cfg.strategies:
             for modality in cfg.modalities:
-                results.append(evaluate_teo(eval_sets, strategy=strategy, modality=modality, **common))
+                results.append(evaluate_teo(eval_sets, strategy=strategy, modality=modality,
+                                            variant=cfg.prompts.teo.variant, **common))
     if "iso" in cfg.tasks:
         iso_cfg = OmegaConf.to_container(cfg.iso)
         instances = [inst for p in procedures for inst in iso_instances(p, **iso_cfg)]

@@ -371,6 +371,37 @@ def test_script_synthetic_source(tmp_path):
     assert result["rows"]["fake"]["other_rate"] == 1.0     # "Q1: No ..." is not a CoT answer
 
 
+class Prompts(AnyAnswer):
+    """AnyAnswer that keeps the prompts it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def __call__(self, batch):
+        self.texts += [prompt_text(m) for m in batch]
+        return super().__call__(batch)
+
+
+def test_script_prompt_variant_and_pair_rule_options(tmp_path, tiny_synthetic_dir):
+    """``--set prompts.teo.variant=printed`` asks Table 5's printed CoT Image-Text row (no sequencing-terms
+    paragraph) and is recorded in the result; ``--set teo.pairs=reduction`` reaches the pairs."""
+    script = _load_script()
+    base = ["--model", "fake", "--procedures", str(tiny_synthetic_dir / "test.jsonl"), "--tasks", "teo",
+            "--strategies", "cot", "--modalities", "image_text", "--out-dir", str(tmp_path / "out")]
+    sequencing = "Ignore sequencing terms"
+    default, printed = Prompts(), Prompts()
+    (r_default,) = script.run(script.parse_config(base), generate=default, signature="fake")
+    (r_printed,) = script.run(script.parse_config(base + ["--set", "prompts.teo.variant=printed",
+                                                          "--set", "teo.pairs=reduction"]), generate=printed, signature="fake")
+    assert r_default["prompt_variant"] == "reconstructed" and r_printed["prompt_variant"] == "printed"
+    assert all(sequencing in t for t in default.texts) and not any(sequencing in t for t in printed.texts)
+    assert printed.prompts == default.prompts  # a new prompt hash: nothing came from the other variant's cache
+    assert r_printed["num_pairs"] == r_default["num_pairs"]  # the synthetic DAGs have no redundant edge
+    with pytest.raises(ValueError, match="data.teo.pairs must be one of edges, reduction"):
+        script.run(script.parse_config(base + ["--set", "teo.pairs=every"]), generate=AnyAnswer(), signature="fake")
+
+
 def test_iso_and_coherence_prompts_through_tiny_internvl(tmp_path):
     """The paper prompts go through a real chat template: image first (ISO), 3 labelled candidates (COHERENCE),
     and the ISO call generates with the 120-token limit of App. H while the generator keeps its own."""

@@ -31,19 +31,25 @@ def make_procedure(pid: str, n: int, dag=None, split: str = "test", no_image=(),
 # ---------------------------------------------------------------- TEO
 # 0 -> 1 -> 2 -> 4 <- 3, plus the redundant edge 0 -> 2; step 5 is isolated.
 TEO_DAG = [(0, 1), (1, 2), (0, 2), (2, 4), (3, 4)]
-EXPECTED_BEFORE = {(0, 1), (1, 2), (2, 4), (3, 4)}
+EXPECTED_BEFORE = {(0, 1), (1, 2), (0, 2), (2, 4), (3, 4)}   # every annotated edge (MATEO sec. 5.2)
+REDUCTION_BEFORE = {(0, 1), (1, 2), (2, 4), (3, 4)}          # data.teo.pairs=reduction: 0 -> 2 is implied by 0 -> 1 -> 2
 EXPECTED_INDEPENDENT = {(0, 3), (0, 5), (1, 3), (1, 5), (2, 3), (2, 5), (3, 5), (4, 5)}
-LONGER_PATH_ONLY = {(0, 2), (0, 4), (1, 4)}
+LONGER_PATH_ONLY = {(0, 4), (1, 4)}                          # reachable, no edge of their own: neither class
 
 
 def test_teo_pairs_exact_sets():
     proc = make_procedure("p", 6, dag=TEO_DAG)
     pairs = teo_pairs(proc)
     by_label = {label: {(p["a"], p["b"]) for p in pairs if p["label"] == label} for label in ("before", "independent")}
-    assert by_label["before"] == EXPECTED_BEFORE
+    assert by_label["before"] == EXPECTED_BEFORE  # the redundant edge 0 -> 2 is a before pair
     assert by_label["independent"] == EXPECTED_INDEPENDENT
     assert not LONGER_PATH_ONLY & {(p["a"], p["b"]) for p in pairs}
     assert len(pairs) == len(EXPECTED_BEFORE) + len(EXPECTED_INDEPENDENT)
+    reduced = teo_pairs(proc, pairs="reduction")
+    assert {(p["a"], p["b"]) for p in reduced if p["label"] == "before"} == REDUCTION_BEFORE
+    assert {(p["a"], p["b"]) for p in reduced if p["label"] == "independent"} == EXPECTED_INDEPENDENT
+    with pytest.raises(ValueError, match="data.teo.pairs must be one of edges, reduction"):
+        teo_pairs(proc, pairs="closure")
     pair = next(p for p in pairs if (p["a"], p["b"]) == (2, 4))
     assert pair == {
         "pair_id": "p:2-4", "procedure_id": "p", "split": "test", "num_steps": 6, "a": 2, "b": 4,
@@ -60,7 +66,7 @@ def test_swap_and_eval_sets():
     original, swapped = sets["original"], sets["swapped"]
     assert {p["label"] for p in original} == {"before", "independent"}
     assert {p["label"] for p in swapped} == {"after", "independent"}
-    assert len(original) == len(swapped) == 12 + 3
+    assert len(original) == len(swapped) == 13 + 3
     for o, s in zip(original, swapped):
         assert s == swap_pair(o)
         assert (s["a"], s["b"]) == (o["b"], o["a"])
@@ -68,14 +74,17 @@ def test_swap_and_eval_sets():
         assert s["pair_id"] == o["pair_id"] + ":swapped"
         assert s["label"] == {"before": "after", "independent": "independent"}[o["label"]]
     assert {(p["a"], p["b"]) for p in swapped if p["label"] == "after"} == {(b, a) for a, b in EXPECTED_BEFORE} | {(2, 0)}
-    assert teo_class_counts(original) == {"before": 5, "after": 0, "independent": 10}
-    assert teo_class_counts(swapped) == {"before": 0, "after": 5, "independent": 10}
+    assert teo_class_counts(original) == {"before": 6, "after": 0, "independent": 10}
+    assert teo_class_counts(swapped) == {"before": 0, "after": 6, "independent": 10}
+    reduced = teo_eval_sets(procs, pairs="reduction")
+    assert teo_class_counts(reduced["swapped"]) == {"before": 0, "after": 5, "independent": 10}
 
 
 def test_training_pairs_balanced_and_seeded():
     procs = [make_procedure("p", 6, dag=TEO_DAG), make_procedure("q", 3, dag=[(0, 2)])]
     train = teo_training_pairs(procs, seed=3)
-    assert teo_class_counts(train) == {"before": 5, "after": 5, "independent": 10}
+    assert teo_class_counts(train) == {"before": 6, "after": 6, "independent": 10}
+    assert teo_class_counts(teo_training_pairs(procs, seed=3, pairs="reduction")) == {"before": 5, "after": 5, "independent": 10}
     ids = Counter(p["pair_id"] for p in train)
     assert max(ids.values()) == 1
     independent_ids = {p["pair_id"] for p in teo_eval_sets(procs)["original"] if p["label"] == "independent"}
@@ -270,3 +279,14 @@ def test_coherence_distractors_and_bins():
     assert [i["difficulty"] for i in gaps] == [None, "medium", None]
     with pytest.raises(ValueError, match="distractors"):
         coherence_instances(procs[:1], num_distractors=1)
+
+
+@pytest.mark.parametrize("experiment", ["teo_lora_internvl", "teo_head_synthetic", "teo_plan_head_synthetic"])
+def test_teo_data_modules_take_the_pair_rule_from_data_teo_pairs(compose_train, experiment):
+    """``data.teo.pairs`` reaches every TEO data module: ``edges`` (MATEO sec. 5.2) by default, ``reduction`` on request."""
+    from hydra.utils import instantiate
+
+    assert instantiate(compose_train(f"experiment={experiment}").data).pair_rule == "edges"
+    assert instantiate(compose_train(f"experiment={experiment}", "data.teo.pairs=reduction").data).pair_rule == "reduction"
+    with pytest.raises(Exception, match="data.teo.pairs must be one of edges, reduction, got 'all'"):  # Hydra wraps it
+        instantiate(compose_train(f"experiment={experiment}", "data.teo.pairs=all").data)

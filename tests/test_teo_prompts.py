@@ -147,6 +147,47 @@ def test_cot_and_self_reflection_are_mateo_table5(modality):
     assert reflection.count("Reflection: <your_reflection>\nThe final answer: <final_answer>") == 3
 
 
+# MATEO Table 5, CoT and Self-reflection Image-Text rows as printed, up to their "Examples:" line (the rows'
+# "- Before: ... - After: ... - Parallel: ..." are the rules printed in full in the Instructions Image-only row)
+PRINTED_HEAD = {
+    "cot": ("Your task is to determine the dependency order between two steps in a recipe. You must choose from: "
+            "Before, After, or Parallel. Follow these rules:\n" + RULES.split("\n", 1)[1] + "\nYou will be shown three "
+            "examples demonstrating how to solve the task using text-based step descriptions. " + INPUT_NOTE["image_text"]
+            + " You must follow the reasoning steps shown in the examples before answering.\nExamples:\n"),
+}
+PRINTED_HEAD["self_reflection"] = PRINTED_HEAD["cot"]  # the printed Image-Text row has no reflection sentence
+
+
+@pytest.mark.parametrize("strategy,modality", COMBOS)
+def test_printed_variant_is_table5_as_printed(strategy, modality):
+    """prompts.teo.variant=printed: the 15 rows exactly as Table 5 prints them. 13 equal the default
+    (reconstructed) prompts; CoT and Self-reflection Image-Text print neither the "Ignore sequencing terms"
+    paragraph nor (Self-reflection) the reflection sentence, which the default adds from the Text-only rows."""
+    printed = prompt_text(build_teo_prompt(strategy, modality, STEP_A, STEP_B, variant="printed"))
+    default = prompt_text(build_teo_prompt(strategy, modality, STEP_A, STEP_B))
+    if (strategy, modality) not in (("cot", "image_text"), ("self_reflection", "image_text")):
+        assert printed == default
+        return
+    assert printed.startswith(PRINTED_HEAD[strategy]) and printed.endswith(CONTEXT["image_text"][len("Context:\n"):])
+    assert SEQUENCING not in printed and ALSO_NOTE not in printed and "After you answer the question" not in printed
+    examples = default[default.index("\nExamples:\n") + len("\nExamples:\n"):]
+    assert printed == PRINTED_HEAD[strategy] + examples  # the worked examples and the steps are the same
+    reflect = ("After you answer the question, review your reasoning and check whether your answer logically follows "
+               "from the context and dependencies you identified. After self-reflection, provide your final answer, "
+               "confirming or correcting your initial choice.")
+    added = [line for line in default.splitlines() if line not in printed.splitlines()]
+    assert added[0] == SEQUENCING + " " + ALSO_NOTE
+    if strategy == "self_reflection":
+        assert added[1].endswith("before answering. " + reflect) and len(added) == 2
+    else:
+        assert len(added) == 1
+
+
+def test_unknown_prompt_variant_is_a_clear_error():
+    with pytest.raises(ValueError, match="valid variants .*reconstructed, printed"):
+        build_teo_prompt("cot", "text", STEP_A, STEP_B, variant="paper")
+
+
 @pytest.mark.parametrize("modality", MODALITIES)
 def test_finetune_prompt_is_mateo_table6(modality):
     text = prompt_text(build_teo_finetune_prompt(modality, STEP_A, STEP_B))

@@ -3,13 +3,16 @@
 Follows the MATEO construction (Roccabruna et al., section 5.2). For two steps A and B of a
 procedure, presented in that order, the label says how A must be executed relative to B:
 
-* ``before``      -- B directly needs the outcome of A: ``A -> B`` is an edge of the DAG's
-  transitive reduction (redundant edges implied by longer paths are removed first);
+* ``before``      -- ``A -> B`` is an annotated edge of the DAG (sec. 5.2: "step A must be executed
+  *before* step B if there is a directed edge from A to B"), with ``pairs="edges"`` (the default);
+  with ``pairs="reduction"`` (seqaware's earlier rule, ``data.teo.pairs=reduction``) only the edges of
+  the DAG's transitive reduction, so an annotated edge implied by a longer path (``0 -> 2`` beside
+  ``0 -> 1 -> 2``) gives no pair;
 * ``after``       -- the same pair presented the other way round (B first): the *swapped* set;
 * ``independent`` -- no directed path joins the two steps in either direction.
 
-Pairs joined only through a longer path (A reaches B, but not by a direct edge of the reduction)
-are not used: they are neither direct dependencies nor independent.
+Pairs joined only through a longer path and no edge of their own (A reaches B, but ``A -> B`` is not
+a used edge) are not used: they are neither direct dependencies nor independent.
 
 A pair is a plain JSON-serialisable dict::
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +38,24 @@ from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABELS
 from seqaware.procedure import Procedure, Step
 
 SPLIT_NAMES = ("train", "val", "test")
+PAIR_RULES = ("edges", "reduction")
+"""Which DAG edges give ``before`` pairs: ``edges`` (every annotated edge, MATEO sec. 5.2) or
+``reduction`` (the edges of the transitive reduction only)."""
+
+
+def check_pair_rule(pairs: str) -> str:
+    if pairs not in PAIR_RULES:
+        raise ValueError(f"data.teo.pairs must be one of {', '.join(PAIR_RULES)}, got {pairs!r}")
+    return pairs
+
+
+def teo_options(teo: Mapping[str, Any] | None) -> str:
+    """The pair rule of a data module's ``teo`` option block (``data.teo: {pairs: edges}``), checked."""
+    teo = dict(teo or {})
+    unknown = sorted(set(teo) - {"pairs"})
+    if unknown:
+        raise ValueError(f"data.teo: unknown key(s) {unknown}; known: pairs")
+    return check_pair_rule(teo.get("pairs", "edges"))
 
 
 def _step_payload(step: Step) -> dict[str, Any]:
@@ -56,10 +77,12 @@ def _make_pair(procedure: Procedure, a: int, b: int, label: str) -> dict[str, An
     }
 
 
-def teo_pairs(procedure: Procedure) -> list[dict[str, Any]]:
+def teo_pairs(procedure: Procedure, pairs: str = "edges") -> list[dict[str, Any]]:
     """The original-presentation pairs of one procedure: direct dependencies and independent pairs.
 
-    * one ``before`` pair ``(a, b)`` per edge ``a -> b`` of the transitive reduction of the DAG;
+    * one ``before`` pair ``(a, b)`` per annotated edge ``a -> b`` of the DAG (``pairs="edges"``,
+      MATEO sec. 5.2; repeated edges count once) or per edge of its transitive reduction
+      (``pairs="reduction"``);
     * one ``independent`` pair ``(a, b)``, ``a < b`` in the authored order, per pair of steps with
       no directed path either way.
 
@@ -68,18 +91,22 @@ def teo_pairs(procedure: Procedure) -> list[dict[str, Any]]:
     if procedure.dag is None:
         return []
     n = procedure.num_steps
+    check_pair_rule(pairs)
     edges = [(int(a), int(b)) for a, b in procedure.dag]
-    direct = {(int(a), int(b)) for a, b in dag_utils.transitive_reduction(n, edges)}
+    if pairs == "edges":
+        direct = set(edges)
+    else:
+        direct = {(int(a), int(b)) for a, b in dag_utils.transitive_reduction(n, edges)}
     reach = np.asarray(dag_utils.transitive_closure(n, edges), dtype=bool)
-    pairs = [_make_pair(procedure, a, b, "before") for a, b in direct]
-    pairs += [
+    out = [_make_pair(procedure, a, b, "before") for a, b in direct]
+    out += [
         _make_pair(procedure, a, b, "independent")
         for a in range(n)
         for b in range(a + 1, n)
         if not reach[a, b] and not reach[b, a]
     ]
-    pairs.sort(key=lambda p: (min(p["a"], p["b"]), max(p["a"], p["b"])))
-    return pairs
+    out.sort(key=lambda p: (min(p["a"], p["b"]), max(p["a"], p["b"])))
+    return out
 
 
 def swap_pair(pair: dict[str, Any]) -> dict[str, Any]:
@@ -92,13 +119,14 @@ def swap_pair(pair: dict[str, Any]) -> dict[str, Any]:
     return swapped
 
 
-def teo_eval_sets(procedures: Iterable[Procedure]) -> dict[str, list[dict[str, Any]]]:
-    """Evaluation sets: ``original`` (before + independent) and ``swapped`` (after + independent).
+def teo_eval_sets(procedures: Iterable[Procedure], pairs: str = "edges") -> dict[str, list[dict[str, Any]]]:
+    """Evaluation sets: ``original`` (before + independent) and ``swapped`` (after + independent);
+    ``pairs`` as in :func:`teo_pairs`.
 
     Every original pair appears swapped in ``swapped``, in the same order, so consistency can be
     measured pair by pair (see :func:`seqaware.metrics.teo.teo_report`).
     """
-    original = [pair for proc in procedures for pair in teo_pairs(proc)]
+    original = [pair for proc in procedures for pair in teo_pairs(proc, pairs)]
     return {"original": original, "swapped": [swap_pair(p) for p in original]}
 
 
@@ -114,20 +142,21 @@ def twin_presentations(eval_sets: dict[str, list[dict[str, Any]]], limit: int | 
             for name, p in (("original", o), ("swapped", s))]
 
 
-def teo_training_pairs(procedures: Iterable[Procedure], seed: int = 0) -> list[dict[str, Any]]:
-    """Fine-tuning pairs: every dependent pair in both presentations, independent pairs once.
+def teo_training_pairs(procedures: Iterable[Procedure], seed: int = 0, pairs: str = "edges") -> list[dict[str, Any]]:
+    """Fine-tuning pairs: every dependent pair in both presentations, independent pairs once (MATEO
+    sec. 5.4); ``pairs`` as in :func:`teo_pairs`.
 
     So ``before`` and ``after`` are exactly balanced; independent pairs keep their original
     presentation. The list is shuffled with ``seed`` (the same seed gives the same list).
     """
-    pairs: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     for proc in procedures:
-        for pair in teo_pairs(proc):
-            pairs.append(pair)
+        for pair in teo_pairs(proc, pairs):
+            out.append(pair)
             if pair["label"] == "before":
-                pairs.append(swap_pair(pair))
-    order = np.random.default_rng(seed).permutation(len(pairs))
-    return [pairs[i] for i in order]
+                out.append(swap_pair(pair))
+    order = np.random.default_rng(seed).permutation(len(out))
+    return [out[i] for i in order]
 
 
 def teo_class_counts(pairs: Iterable[dict[str, Any]]) -> dict[str, int]:

@@ -37,6 +37,9 @@ MODALITIES = ("image", "text", "image_text")
 QUESTION_STRATEGIES = ("baseline", "instructions", "icl")
 """Strategies answered with Yes/No to the three questions Q1-Q3 (the others end with a class)."""
 ISO_STRATEGIES = ("answer_only", "explain")
+TEO_VARIANTS = ("reconstructed", "printed")
+"""MATEO Table 5 prompts: ``reconstructed`` (default: the two rows the table abbreviates completed as the
+other rows of their strategy) or ``printed`` (exactly as printed; ``printed_omits`` in ``configs/prompts/teo.yaml``)."""
 
 Message = dict[str, Any]
 
@@ -156,10 +159,13 @@ def _teo_piece(t: Mapping[str, Any], name: str, modality: str) -> str:
     return (value or "").strip()
 
 
-def _teo_messages(layout: str, modality: str, step_a: Any, step_b: Any, prompts_dir: str | None) -> list[Message]:
+def _teo_messages(layout: str, modality: str, step_a: Any, step_b: Any, prompts_dir: str | None,
+                  variant: str = "reconstructed") -> list[Message]:
     t = load_templates("teo", prompts_dir)
     if layout not in t.get("layouts", {}):
         raise ValueError(f"configs/prompts/teo.yaml has no layout {layout!r}")
+    _check_choice("prompt variant", "variants (prompts.teo.variant)", variant, TEO_VARIANTS)
+    omit = set(((t.get("printed_omits") or {}).get(layout) or {}).get(modality) or ()) if variant == "printed" else set()
     show_image = modality in ("image", "image_text")
     show_text = modality in ("text", "image_text")
     content: list[dict[str, Any]] = []
@@ -174,15 +180,18 @@ def _teo_messages(layout: str, modality: str, step_a: Any, step_b: Any, prompts_
                     content.append({"type": "text",
                                     "text": t["markers"]["description"].format(name=name, text=step_text(step, name))})
             continue
-        line = " ".join(p for p in (_teo_piece(t, name, modality) for name in entry) if p)
+        line = " ".join(p for p in (_teo_piece(t, name, modality) for name in entry if name not in omit) if p)
         content.append({"type": "text", "text": line})
     return _messages(t.get("system"), content)
 
 
-def build_teo_prompt(strategy: str, modality: str, step_a: Any, step_b: Any, prompts_dir: str | None = None) -> list[Message]:
+def build_teo_prompt(strategy: str, modality: str, step_a: Any, step_b: Any, prompts_dir: str | None = None,
+                     variant: str = "reconstructed") -> list[Message]:
     """Chat messages asking how Step A must be executed relative to Step B (MATEO Table 5).
 
-    ``strategy`` in :data:`STRATEGIES`, ``modality`` in :data:`MODALITIES`; the wording and the order
+    ``strategy`` in :data:`STRATEGIES`, ``modality`` in :data:`MODALITIES`, ``variant`` in
+    :data:`TEO_VARIANTS` (``printed``: the 15 rows exactly as Table 5 prints them; the default completes
+    the two abbreviated Image-Text rows); the wording and the order
     of its parts are ``layouts[strategy]`` of ``configs/prompts/teo.yaml``. Images sit right after
     their ``Step A picture:`` / ``Step B picture:`` markers. Raises ValueError for an unknown
     strategy/modality (listing the valid names) and for a step without the image (image modalities)
@@ -190,7 +199,7 @@ def build_teo_prompt(strategy: str, modality: str, step_a: Any, step_b: Any, pro
     """
     _check_choice("strategy", "strategies", strategy, STRATEGIES)
     _check_choice("modality", "modalities", modality, MODALITIES)
-    return _teo_messages(strategy, modality, step_a, step_b, prompts_dir)
+    return _teo_messages(strategy, modality, step_a, step_b, prompts_dir, variant)
 
 
 def build_teo_finetune_prompt(modality: str, step_a: Any, step_b: Any, prompts_dir: str | None = None) -> list[Message]:

@@ -21,13 +21,15 @@ def _step(step: Mapping[str, Any], root: str | os.PathLike | None) -> dict[str, 
 
 
 def teo_queries(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], strategy: str, modality: str,
-                signature: str, image_root: str | os.PathLike | None = None) -> list[Query]:
-    """One query per pair of the ``original`` and ``swapped`` sets; errors name the pair."""
+                signature: str, image_root: str | os.PathLike | None = None, variant: str = "reconstructed") -> list[Query]:
+    """One query per pair of the ``original`` and ``swapped`` sets (``variant``: of the Table 5 prompts,
+    :data:`seqaware.vlm.prompts.TEO_VARIANTS`); errors name the pair."""
     queries = []
     for set_name in ("original", "swapped"):
         for pair in eval_sets[set_name]:
             try:
-                messages = build_teo_prompt(strategy, modality, _step(pair["step_a"], image_root), _step(pair["step_b"], image_root))
+                messages = build_teo_prompt(strategy, modality, _step(pair["step_a"], image_root),
+                                            _step(pair["step_b"], image_root), variant=variant)
             except ValueError as err:
                 raise ValueError(f"TEO pair {pair['pair_id']!r} ({set_name} set): {err}") from None
             queries.append(make_query(pair["pair_id"], set_name, messages, signature, image_root))
@@ -36,8 +38,10 @@ def teo_queries(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], strategy: 
 
 def evaluate_teo(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], generate: GenerateFn, cache: OutputCache,
                  strategy: str, modality: str, model_name: str, signature: str | None = None,
-                 image_root: str | os.PathLike | None = None, batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
+                 image_root: str | os.PathLike | None = None, batch_size: int = 8, seed: int = 0,
+                 variant: str = "reconstructed") -> dict[str, Any]:
     """TEO result of one (model, strategy, modality): metrics rows (baselines first), predictions.
+    ``variant``: which Table 5 prompts (``reconstructed`` | ``printed``), recorded in the result.
 
     Returns ``{"task": "teo", "model", "strategy", "modality", "rows": {name: report}, "columns",
     "predictions": {set: {pair_id: label}}, "reflection": counts or None}``. For
@@ -46,7 +50,7 @@ def evaluate_teo(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], generate:
     """
     signature = signature or model_name
     original, swapped = list(eval_sets["original"]), list(eval_sets["swapped"])
-    queries = teo_queries(eval_sets, strategy, modality, signature, image_root)
+    queries = teo_queries(eval_sets, strategy, modality, signature, image_root, variant)
     outputs = run_queries(queries, generate, cache, batch_size,
                           extra={"model": model_name, "task": "teo", "strategy": strategy, "modality": modality})
     first: dict[str, dict[str, str]] = {"original": {}, "swapped": {}}
@@ -62,5 +66,5 @@ def evaluate_teo(eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], generate:
         reflection = {k: counts.get(k, 0) for k in ("kept_correct", "kept_wrong", "corrected", "broken", "changed_wrong")}
     rows = teo_rows(original, swapped, systems, seed=seed)
     return {"task": "teo", "model": model_name, "strategy": strategy, "modality": modality,
-            "num_pairs": len(original), "rows": rows, "columns": [list(c) for c in TEO_COLUMNS],
+            "prompt_variant": variant, "num_pairs": len(original), "rows": rows, "columns": [list(c) for c in TEO_COLUMNS],
             "table": teo_table(rows), "predictions": final, "reflection": reflection}
