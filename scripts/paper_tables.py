@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from seqaware.io import atomic_open, parse_test_metrics  # noqa: E402
+from seqaware.metrics.iso import unparsable_consistency  # noqa: E402
 from seqaware.vlm.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES  # noqa: E402
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml when PyYAML has it: 10x faster
@@ -106,6 +107,7 @@ class TableSpec:
     heading: Callable[[Mapping[str, Any]], str] | None = None   # row-group heading of a row
     dagger: str | None = None             # label printed with a dagger on human rows
     plus_minus: bool = False              # groups hold {value, std}, printed "value ± std"
+    summary: Callable[[Sequence[Mapping[str, Any]]], list[str]] | None = None   # extra notes from the published rows
 
     def cell_paths(self) -> list[str]:
         if not self.groups:
@@ -145,6 +147,34 @@ def _model_heading(row: Mapping[str, Any]) -> str:
     return f"{row['model']} (fine-tuned)" if row.get("finetuned") else str(row["model"])
 
 
+def iso_unparsable_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Which rule for unparsable replies each published ISO-Bench Table 1 row is consistent with
+    (:func:`seqaware.metrics.iso.unparsable_consistency`): App. H excludes them, but a row whose NONDEP
+    recall is below what its other three per-class figures imply under exclusion can only come from
+    counting them wrong."""
+    groups: dict[str, list[str]] = {"exclude": [], "wrong": [], "neither": []}
+    for row in rows:
+        dep, nondep = row.get("dep") or {}, row.get("nondep") or {}
+        if not all(isinstance(_number(v.get(k)), float) for v in (dep, nondep) for k in ("p", "r")):
+            continue
+        check = unparsable_consistency(dep, nondep)
+        name = _row_name(SPECS[("iso_bench", "Table 1")], row)
+        if check["exclude"]:
+            groups["exclude"].append(name)
+        else:
+            lo, hi = check["implied_recall_NONDEP"]
+            groups["wrong" if check["wrong"] else "neither"].append(
+                f"{name} (R NONDEP {nondep['r']:.2f}; excluding them implies {lo:.2f}-{hi:.2f})")
+    notes = ["Unparsable replies (App. H: excluded from the scores). From each row's DEP P, DEP R and NONDEP P, "
+             "excluding them fixes NONDEP R; counting them wrong can only lower it "
+             "(seqaware.metrics.iso.unparsable_consistency, within the printed rounding):"]
+    notes.append("consistent with excluding them (App. H): " + (", ".join(groups["exclude"]) or "none"))
+    notes.append("only with counting them wrong (unparsable=wrong): " + (", ".join(groups["wrong"]) or "none"))
+    if groups["neither"]:
+        notes.append("with neither: " + ", ".join(groups["neither"]))
+    return notes
+
+
 SPECS: dict[tuple[str, str], TableSpec] = {(s.paper, s.name): s for s in (
     TableSpec("wu2022", "Table 2", "Golden-test-set performance (original ground-truth order)", "sequencing",
               (Label("modality", allowed=tuple(SEQ_MODALITIES)), Label("model", "Encoders"),
@@ -175,7 +205,7 @@ SPECS: dict[tuple[str, str], TableSpec] = {(s.paper, s.name): s for s in (
     TableSpec("iso_bench", "Table 1", "DEP / NONDEP / weighted macro-average P, R, F1 (A: answer; E->A: explain, then answer)", "iso",
               (Label("model", "Model"), Label("setting", "Setting", ("E->A", "A", DASH))),
               (Metric("p", "P", 0, 1), Metric("r", "R", 0, 1), Metric("f", "F", 0, 1)),
-              (("dep", "DEP"), ("nondep", "NONDEP"), ("macro", "MACRO AVG"))),
+              (("dep", "DEP"), ("nondep", "NONDEP"), ("macro", "MACRO AVG")), summary=iso_unparsable_notes),
     TableSpec("coherence", "Table 1", "Exact match and Kendall-based partial score per domain (%)", "coherence",
               (Label("group", allowed=("open", "closed")), Label("model", "Model")),
               (Metric("exact", "Exact", 0, 100, percent=True), Metric("partial", "Partial", 0, 100, percent=True)),
@@ -436,6 +466,8 @@ def render_table(spec: TableSpec, table: Mapping[str, Any], citation: str, ours:
         notes += [f"- flag, {_row_name(spec, row)}: {flag}" for flag in row.get("flags", [])]
         if row.get("note"):
             notes.append(f"- {_row_name(spec, row)}: {row['note']}")
+    if spec.summary:
+        notes += [f"- {n}" for n in spec.summary([r for r in rows if not r.get("_ours")])]
     if any(r.get("_ours") for r in rows):
         notes.append("- Rows marked (ours) are our results, on the paper's scale.")
     lines += ["", f"Source: {citation.rstrip('.')}, {spec.name}."] + ([""] + notes if notes else [])
@@ -647,25 +679,37 @@ def teo_rows(results: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, str
 
 
 def iso_rows(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[dict]]:
-    """Our rows of ISO-Bench Table 1: each result's system (setting from its strategy), then the
-    trivial baselines once (setting '-')."""
+    """Our rows of ISO-Bench Table 1: each result's system under both rules for unparsable replies
+    (``exclude``, App. H, and ``wrong``; setting from its strategy), then the trivial baselines once
+    (setting '-'; they always parse, so the rule does not change them)."""
     systems, baselines = [], {}
     for result in results:
         strategy = result["strategy"]
         if strategy not in ISO_SETTINGS:
             raise SystemExit(f"{result['_path']}: ISO strategy {strategy!r}, expected one of {', '.join(ISO_STRATEGIES)}")
-        for name, report in result["rows"].items():
-            row = {"model": f"{name} (ours)", "setting": ISO_SETTINGS[strategy] if name == result["model"] else DASH}
-            for group, suffix in (("dep", "_DEP"), ("nondep", "_NONDEP")):
-                row[group] = {m: _teo_value(report, f"{full}{suffix}") for m, full in
-                              (("p", "precision"), ("r", "recall"), ("f", "f1"))}
-            row["macro"] = {m: _teo_value(report, f"macro_{full}") for m, full in
-                            (("p", "precision"), ("r", "recall"), ("f", "f1"))}
-            if name == result["model"]:
-                systems.append(row)
-            else:
-                baselines.setdefault(name, row)
+        by_rule = result.get("rows_by_unparsable") or {result.get("unparsable", "exclude"): result["rows"]}
+        for rule, rows in by_rule.items():
+            _iso_system_rows(result, rule, rows, systems, baselines)
     return {("iso_bench", "Table 1"): systems + list(baselines.values())}
+
+
+def _iso_system_rows(result: Mapping[str, Any], rule: str, rows: Mapping[str, Mapping[str, Any]],
+                     systems: list[dict], baselines: dict[str, dict]) -> None:
+    """Table 1 rows of one result under one rule: its model's row to ``systems``, the baselines' to
+    ``baselines`` (each name once)."""
+    for name, report in rows.items():
+        own = name == result["model"]
+        row = {"model": f"{name} (ours, unparsable={rule})" if own else f"{name} (ours)",
+               "setting": ISO_SETTINGS[result["strategy"]] if own else DASH}
+        for group, suffix in (("dep", "_DEP"), ("nondep", "_NONDEP")):
+            row[group] = {m: _teo_value(report, f"{full}{suffix}") for m, full in
+                          (("p", "precision"), ("r", "recall"), ("f", "f1"))}
+        row["macro"] = {m: _teo_value(report, f"macro_{full}") for m, full in
+                        (("p", "precision"), ("r", "recall"), ("f", "f1"))}
+        if own:
+            systems.append(row)
+        else:
+            baselines.setdefault(name, row)
 
 
 def coherence_rows(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[dict]]:

@@ -208,6 +208,12 @@ def test_evaluate_iso_paper_protocol(tmp_path):
     strict = evaluate_iso(instances, model, OutputCache(tmp_path / "raw.jsonl"), "answer_only", "fake",
                           image_root=tmp_path, unparsable="wrong")
     assert model.limits == [120] and strict["rows"]["fake"]["accuracy"] == pytest.approx(2 / 5)   # all cached
+    # every result holds both rules and prints both tables; "rows" follows the call's rule
+    for res in (result, strict):
+        assert res["rows_by_unparsable"]["exclude"]["fake"]["accuracy"] == 0.5
+        assert res["rows_by_unparsable"]["wrong"]["fake"]["accuracy"] == pytest.approx(2 / 5)
+        assert "unparsable=exclude (ISO-Bench App. H):" in res["table"] and "unparsable=wrong:" in res["table"]
+    assert strict["rows"] == strict["rows_by_unparsable"]["wrong"] and result["rows"] == result["rows_by_unparsable"]["exclude"]
     other_limit = ReplyByImage(replies)
     evaluate_iso(instances, other_limit, OutputCache(tmp_path / "raw.jsonl"), "answer_only", "fake",
                  image_root=tmp_path, max_new_tokens=64)

@@ -481,9 +481,16 @@ def test_iso_and_coherence_rows_from_eval_teo_results(tmp_path):
            "f1_NONDEP": 4 / 7, "macro_precision": (0.6 + 2 / 3) / 2, "macro_recall": 0.625, "macro_f1": (6 / 9 + 4 / 7) / 2}
     always = {"precision_DEP": 0.5, "recall_DEP": 1.0, "f1_DEP": 2 / 3, "precision_NONDEP": 0.0, "recall_NONDEP": 0.0,
               "f1_NONDEP": 0.0, "macro_precision": 0.25, "macro_recall": 0.5, "macro_f1": 1 / 3}
-    files = [_write(tmp_path / f"iso_{s}.json", {"task": "iso", "model": "vlm", "strategy": s, "modality": "image_text",
-                                                 "rows": {"always DEP": always, "vlm": vlm}})
-             for s in ("explain", "answer_only")]
+    # the explain result holds both rules for unparsable replies (eval_teo's rows_by_unparsable): with
+    # "wrong", one DEP and one NONDEP instance more, both unparsable, lower the recalls to 3/5 and 2/5
+    wrong = dict(vlm, recall_DEP=0.6, recall_NONDEP=0.4)
+    files = [_write(tmp_path / "iso_explain.json", {
+                 "task": "iso", "model": "vlm", "strategy": "explain", "modality": "image_text", "unparsable": "exclude",
+                 "rows": {"always DEP": always, "vlm": vlm},
+                 "rows_by_unparsable": {"exclude": {"always DEP": always, "vlm": vlm}, "wrong": {"always DEP": always, "vlm": wrong}}}),
+             _write(tmp_path / "iso_answer_only.json", {  # a result written before rows_by_unparsable: its one rule
+                 "task": "iso", "model": "vlm", "strategy": "answer_only", "modality": "image_text",
+                 "rows": {"always DEP": always, "vlm": vlm}})]
     coherence = _write(tmp_path / "coherence.json", {
         "task": "coherence", "model": "vlm", "strategy": "assign", "modality": "image_text", "rows": {
             "random": {"exact_match": 0.1, "partial_score": 0.5, "by_difficulty": {"easy": {"exact_match": 0.2, "partial_score": 0.6}}},
@@ -494,11 +501,12 @@ def test_iso_and_coherence_rows_from_eval_teo_results(tmp_path):
     text = pt.main(["--iso", *map(str, files), "--coherence", str(coherence)])
     lines = text.splitlines()
     assert "### MATEO" not in text and "### ISO-Bench, Table 1" in text and "### COHERENCE, Table 2" in text
-    ours = [l for l in lines if "(ours)" in l and l.startswith("| ")]
-    assert ours[:3] == ["| vlm (ours) | E->A | 0.60 | 0.75 | 0.67 | 0.67 | 0.50 | 0.57 | 0.63 | 0.62 | 0.62 |",
-                        "| vlm (ours) | A | 0.60 | 0.75 | 0.67 | 0.67 | 0.50 | 0.57 | 0.63 | 0.62 | 0.62 |",
+    ours = [l for l in lines if "(ours" in l and l.startswith("| ")]
+    assert ours[:4] == ["| vlm (ours, unparsable=exclude) | E->A | 0.60 | 0.75 | 0.67 | 0.67 | 0.50 | 0.57 | 0.63 | 0.62 | 0.62 |",
+                        "| vlm (ours, unparsable=wrong) | E->A | 0.60 | 0.60 | 0.67 | 0.67 | 0.40 | 0.57 | 0.63 | 0.62 | 0.62 |",
+                        "| vlm (ours, unparsable=exclude) | A | 0.60 | 0.75 | 0.67 | 0.67 | 0.50 | 0.57 | 0.63 | 0.62 | 0.62 |",
                         "| always DEP (ours) | - | 0.50 | 1.00 | 0.67 | 0.00 | 0.00 | 0.00 | 0.25 | 0.50 | 0.33 |"]
-    assert ours[3:] == ["| random (ours) | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | 10.00 | 50.00 |",
+    assert ours[4:] == ["| random (ours) | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | 10.00 | 50.00 |",
                         "| vlm (ours) | 60.00 | 80.00 | n/a | n/a | n/a | n/a | n/a | n/a | 50.00 | 75.00 |",
                         "| random (ours) | 20.00 | 60.00 | n/a | n/a | n/a | n/a | 10.00 | 50.00 |",
                         "| vlm (ours) | 75.00 | 87.50 | n/a | n/a | 25.00 | 62.50 | 50.00 | 75.00 |"]
@@ -545,5 +553,18 @@ def test_rows_from_the_projects_own_metric_reports(tmp_path):
     coherence = _write(tmp_path / "coherence.json", {"task": "coherence", "model": "vlm", "strategy": "assign",
                                                      "modality": "image_text", "rows": rows})
     lines = pt.main(["--iso", str(iso), "--coherence", str(coherence)]).splitlines()
-    assert "| vlm (ours) | A | 0.60 | 0.75 | 0.67 | 0.67 | 0.50 | 0.57 | 0.63 | 0.62 | 0.62 |" in lines
+    assert "| vlm (ours, unparsable=exclude) | A | 0.60 | 0.75 | 0.67 | 0.67 | 0.50 | 0.57 | 0.63 | 0.62 | 0.62 |" in lines
     assert "| vlm (ours) | 100.00 | 100.00 | 0.00 | 83.33 | n/a | n/a | 50.00 | 91.67 |" in lines
+
+
+def test_iso_published_rows_say_which_rule_for_unparsable_replies_they_fit():
+    """App. H excludes unparsable replies; four printed rows can only come from counting them wrong: their
+    NONDEP recall is below what their DEP P, DEP R and NONDEP P imply under exclusion."""
+    text = pt.main(["--published", str(pt.DEFAULT_PUBLISHED)])
+    notes = {line.split(":", 1)[0]: line for line in text.splitlines() if line.startswith("- ")}
+    only_wrong = notes["- only with counting them wrong (unparsable=wrong)"]
+    for name in ("Qwen2.5-VL E->A", "Llama-3.2 E->A", "Sonnet A", "PaliGemma2 A"):
+        assert name in only_wrong
+    assert only_wrong.count("R NONDEP") == 4 and "Qwen2.5-VL E->A (R NONDEP 0.26; excluding them implies 0.70-0.72)" in only_wrong
+    excluded = notes["- consistent with excluding them (App. H)"]
+    assert "4o A" in excluded and "Qwen2.5-VL A" in excluded and "Sonnet E->A" in excluded and "Sonnet A" not in excluded

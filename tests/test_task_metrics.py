@@ -12,7 +12,8 @@ from seqaware.metrics.coherence import (
     kendall_tau,
 )
 from seqaware.metrics.classification import binary_baselines, binary_report, binary_table
-from seqaware.metrics.iso import iso_baselines, iso_report, iso_rows, iso_table
+from seqaware.metrics.iso import (implied_nondep_recall, iso_baselines, iso_report, iso_rows, iso_table,
+                                  unparsable_consistency)
 from seqaware.metrics.teo import teo_baselines, teo_report, teo_rows, teo_table
 from seqaware.procedure import Procedure, Step
 
@@ -410,3 +411,30 @@ def test_coherence_baselines_hand_values():
     assert identity["exact_match"] == 0.0 and identity["partial_score"] == pytest.approx(1 / 6)
     assert identity["reject_accuracy"] == 0.0 and identity["reject_fraction"] == 0.5
     assert identity["invalid_rate"] == random["invalid_rate"] == 0.0
+
+
+def test_iso_unparsable_rule_of_a_published_row_from_its_own_figures():
+    """Gold 10 DEP / 10 NONDEP; replies to DEP: 6 DEP, 2 NONDEP, 2 unparsable; to NONDEP: 1 DEP, 7 NONDEP,
+    2 unparsable. Excluded: P_DEP 6/7, R_DEP 6/8, P_NONDEP 7/9, R_NONDEP 7/8. Counted wrong: the same
+    precisions, R_DEP 6/10, R_NONDEP 7/10. The printed (2-decimal) rows say which rule made them."""
+    gold = ["DEP"] * 10 + ["NONDEP"] * 10
+    pred = ["DEP"] * 6 + ["NONDEP"] * 2 + ["other"] * 2 + ["DEP"] + ["NONDEP"] * 7 + ["other"] * 2
+    excluded, wrong = iso_report(gold, pred), iso_report(gold, pred, unparsable="wrong")
+    assert (excluded["precision_DEP"], excluded["recall_DEP"], excluded["precision_NONDEP"], excluded["recall_NONDEP"]) \
+        == pytest.approx((6 / 7, 6 / 8, 7 / 9, 7 / 8))
+    assert (wrong["precision_DEP"], wrong["recall_DEP"], wrong["recall_NONDEP"]) == pytest.approx((6 / 7, 0.6, 0.7))
+    assert implied_nondep_recall(6 / 7, 6 / 8, 7 / 9) == pytest.approx(7 / 8)  # the exact 2x2 table closes
+
+    def printed(report):
+        return ({"p": round(report["precision_DEP"], 2), "r": round(report["recall_DEP"], 2)},
+                {"p": round(report["precision_NONDEP"], 2), "r": round(report["recall_NONDEP"], 2)})
+
+    check = unparsable_consistency(*printed(excluded))
+    assert check["exclude"] and check["wrong"]      # no unparsable reply is "wrong" with none to count
+    lo, hi = check["implied_recall_NONDEP"]
+    assert lo <= 7 / 8 <= hi and hi - lo < 0.05
+    check = unparsable_consistency(*printed(wrong))
+    assert not check["exclude"] and check["wrong"]
+    # a NONDEP recall above what exclusion implies fits neither rule
+    assert unparsable_consistency({"p": 0.86, "r": 0.75}, {"p": 0.78, "r": 0.95}) == {
+        "exclude": False, "wrong": False, "implied_recall_NONDEP": pytest.approx(check["implied_recall_NONDEP"], abs=0.2)}

@@ -68,6 +68,38 @@ def iso_report(gold: Sequence[str] | Mapping[str, str], pred: Sequence[Any] | Ma
     return report
 
 
+def implied_nondep_recall(precision_dep: float, recall_dep: float, precision_nondep: float) -> float:
+    """NONDEP recall implied by DEP precision / recall and NONDEP precision when every scored reply is DEP
+    or NONDEP (``unparsable="exclude"``): with TP = 1 the 2x2 table is FP = (1 - P_DEP) / P_DEP,
+    FN = (1 - R_DEP) / R_DEP, TN = FN P_NONDEP / (1 - P_NONDEP), and R_NONDEP = TN / (TN + FP).
+    Values are clipped to (0, 1) so the limits 0 and 1 are approached, not divided by."""
+    pd, rd, pn = (min(max(float(v), 1e-9), 1 - 1e-9) for v in (precision_dep, recall_dep, precision_nondep))
+    fp, fn = (1 - pd) / pd, (1 - rd) / rd
+    tn = fn * pn / (1 - pn)
+    return tn / (tn + fp)
+
+
+def unparsable_consistency(dep: Mapping[str, float], nondep: Mapping[str, float], decimals: int = 2) -> dict[str, Any]:
+    """Which treatment of unparsable replies a published ISO-Bench row (``{p, r}`` per class, rounded
+    to ``decimals``) can come from.
+
+    Excluding them (App. H) leaves a complete 2x2 table, so three of the four per-class precisions and
+    recalls fix the fourth (:func:`implied_nondep_recall`). Counting them wrong keeps both precisions and
+    lowers the recalls (an unparsable reply is a miss of its gold class), so the published NONDEP recall
+    can only be at or below the value exclusion implies. Over every input within its rounding, the
+    implied recall spans ``[lo, hi]``: the row is consistent with ``exclude`` when its NONDEP recall lies
+    in ``[lo, hi]`` (within rounding), with ``wrong`` when it is at most ``hi`` (exclusion is ``wrong``
+    with no unparsable reply, so ``exclude`` implies ``wrong``). Returns ``{"exclude": bool, "wrong":
+    bool, "implied_recall_NONDEP": (lo, hi)}``.
+    """
+    tol = 0.5 * 10 ** -decimals
+    pd, rd, pn, rn = float(dep["p"]), float(dep["r"]), float(nondep["p"]), float(nondep["r"])
+    # the implied recall rises with P_DEP and P_NONDEP and falls with R_DEP: its extremes are two corners
+    lo = implied_nondep_recall(pd - tol, rd + tol, pn - tol)
+    hi = implied_nondep_recall(pd + tol, rd - tol, pn + tol)
+    return {"exclude": lo - tol <= rn <= hi + tol, "wrong": rn <= hi + tol, "implied_recall_NONDEP": (lo, hi)}
+
+
 def iso_baselines(gold: Sequence[str] | Mapping[str, str], seed: int = 0) -> dict[str, dict[str, Any]]:
     """Reports of the trivial predictors: always DEP, always NONDEP, majority class, uniform random."""
     gold = list(gold.values()) if isinstance(gold, Mapping) else list(gold)

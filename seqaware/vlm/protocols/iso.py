@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
-from seqaware.metrics.iso import ISO_COLUMNS, iso_report, iso_rows, iso_table
+from seqaware.metrics.iso import ISO_COLUMNS, ISO_UNPARSABLE, iso_report, iso_rows, iso_table
 from seqaware.vlm.parser import parse_iso_answer
 from seqaware.vlm.prompts import build_iso_prompt, iso_max_new_tokens
 from seqaware.vlm.runner import GenerateFn, OutputCache, make_query, resolve_image, run_queries
@@ -40,7 +40,9 @@ def evaluate_iso(instances: Sequence[Mapping[str, Any]], generate: GenerateFn, c
     ``max_new_tokens`` (default: ``max_new_tokens`` of ``configs/prompts/iso.yaml``, 120), the first
     YES/NO (``answer_only``) or the final ``<answer>`` tag (``explain``) as the answer, and
     unparsable replies left out of the scores (``unparsable="exclude"``; ``"wrong"`` counts them as
-    errors). The limit is applied by setting ``generate.max_new_tokens`` for the duration of the
+    errors). ``rows`` and ``by_task`` follow ``unparsable``; ``rows_by_unparsable`` holds the rows under
+    both rules and the printed ``table`` shows both (some published Table 1 rows can only come from
+    counting unparsable replies wrong: ``scripts/paper_tables.py --iso`` says which). The limit is applied by setting ``generate.max_new_tokens`` for the duration of the
     call when the generator has that attribute (:class:`~seqaware.vlm.runner.HFGenerator`); any other callable must
     honour it itself. The limit is part of every prompt hash. ``by_task`` holds the model's scores
     on the ``before`` and ``after`` questions separately (as in ISO-Bench Figure 3).
@@ -56,7 +58,12 @@ def evaluate_iso(instances: Sequence[Mapping[str, Any]], generate: GenerateFn, c
                               extra={"model": model_name, "task": "iso", "strategy": strategy})
     preds = {q.item_id: parse_iso_answer(text, strategy) for q, text in zip(queries, outputs)}
     gold = {inst["instance_id"]: inst["label"] for inst in instances}
-    rows = iso_rows(gold, {model_name: preds}, seed=seed, unparsable=unparsable)
+    if unparsable not in ISO_UNPARSABLE:
+        raise ValueError(f"unparsable must be one of {', '.join(ISO_UNPARSABLE)}, got {unparsable!r}")
+    rows_by = {rule: iso_rows(gold, {model_name: preds}, seed=seed, unparsable=rule) for rule in ISO_UNPARSABLE}
+    rows = rows_by[unparsable]
+    table = "\n\n".join(f"unparsable={rule}" + (" (ISO-Bench App. H)" if rule == "exclude" else "") + ":\n\n"
+                         + iso_table(rule_rows) for rule, rule_rows in rows_by.items())
     by_task = {}
     for task in ("before", "after"):
         ids = [inst["instance_id"] for inst in instances if inst.get("task") == task]
@@ -64,5 +71,5 @@ def evaluate_iso(instances: Sequence[Mapping[str, Any]], generate: GenerateFn, c
             by_task[task] = iso_report({i: gold[i] for i in ids}, {i: preds[i] for i in ids}, unparsable)
     return {"task": "iso", "model": model_name, "strategy": strategy, "modality": "image_text",
             "num_instances": len(instances), "max_new_tokens": limit, "unparsable": unparsable, "rows": rows,
-            "columns": [list(c) for c in ISO_COLUMNS], "table": iso_table(rows), "by_task": by_task,
+            "rows_by_unparsable": rows_by, "columns": [list(c) for c in ISO_COLUMNS], "table": table, "by_task": by_task,
             "predictions": preds}
