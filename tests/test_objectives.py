@@ -303,6 +303,24 @@ def test_smrm_too_many_images_is_a_clear_error():
         SequentialMaskedRegionModeling(H).corrupt(batch, gen(0))
 
 
+def test_smrm_region_slots_too_few_for_the_overlap_bound_spread_the_masks(caplog):
+    """5 images with 3 real region slots each (a whole-image token + 2 boxes, the synthetic world under
+    hparams=wu2022): 1 masked slot per image, offsets floor(r * 3 / 5) = 0, 0, 1, 1, 2 over a random
+    order of the slots, so every slot is masked and none more than twice; a warning says so, once."""
+    import logging
+
+    batch = make_batch(B=4, S=5, P=8, text=False, image_prob=1.0)
+    batch["patch_mask"] = (torch.arange(8) < 3).expand(4, 5, 8).clone()
+    with caplog.at_level(logging.WARNING, logger="seqaware.objectives.smrm"):
+        for seed in range(3):
+            _, tgt = SequentialMaskedRegionModeling(H).corrupt(batch, gen(seed))
+            mask = tgt["smrm_mask"]
+            assert not (mask & ~batch["patch_mask"]).any() and (mask.sum(-1) == 1).all()
+            per_slot = mask.sum(1)[:, :3]  # (B, 3): images masking each slot
+            assert (per_slot.sort(-1).values == torch.tensor([1, 2, 2])).all()
+    assert sum("cannot keep the masked slots" in r.getMessage() for r in caplog.records) <= 1
+
+
 def tiny_smrm_setup(scope):
     torch.manual_seed(0)
     smrm = SequentialMaskedRegionModeling(4, num_masked=2, vocab_scope=scope, score_hidden=5)

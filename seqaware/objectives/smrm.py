@@ -30,10 +30,14 @@ construction runs over the ``P_b`` positions that are real in every image of sam
 ``k_b = max(1, round(mask_ratio * P_b))`` (at most ``P_b // 2``): every image gets its share of masked
 regions, as the paper asks ("the same amount of X% patches for each image"), instead of losing the
 ones drawn on padding (VisualBERT with 8 box slots lost about 40% of its targets that way, which
-shrank the in-batch vocabulary and so the objective's ceiling over chance).
+shrank the in-batch vocabulary and so the objective's ceiling over chance).  Region slots can be too
+few for the overlap bound (3 slots, 5 images under ``hparams=wu2022`` on the synthetic world): such a
+sample's windows are spread as evenly as the slots allow (offset ``floor(r P_b / n)``, a warning once)
+instead of stopping the run; a patch grid keeps the error (more patches or fewer steps fix it).
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
@@ -43,8 +47,22 @@ from torch import nn
 
 from seqaware.objectives.base import EncoderOutput, Objective, Outcomes, shallow_copy, uniform
 
+log = logging.getLogger(__name__)
+
 TARGETS = ("output", "input")
 SCOPES = ("sequence", "batch", "global")
+
+
+_WARNED_OVERLAP = False
+
+
+def _warn_overlap(images: int, slots: int) -> None:
+    global _WARNED_OVERLAP
+    if not _WARNED_OVERLAP:
+        _WARNED_OVERLAP = True
+        log.warning("smrm: samples with up to %d images but as few as %d region slots real in all of them cannot keep "
+                    "the masked slots of two images below 50%% overlap (Wu et al. sec. 4.2.3); their masks are spread "
+                    "as evenly as the slots allow (logged once)", images, slots)
 
 
 def spaced_window_masks(visual_mask: torch.Tensor, num_patches: int, num_masked: int,
@@ -82,17 +100,23 @@ def spaced_window_masks(visual_mask: torch.Tensor, num_patches: int, num_masked:
     spacing = width // n_images
     min_spacing = per_sample_k // 2 + 1
     too_many = (spacing < min_spacing) & (per_sample_k > 0)
-    if bool(too_many.any()):
+    if bool(too_many.any()) and patch_mask is None:
         b = int(too_many.nonzero()[0, 0])
         raise ValueError(f"smrm: a sample has {int(n_images[b])} images, but masking {int(per_sample_k[b])} of "
                          f"{int(width[b])} patches with < 50% pairwise overlap supports at most "
                          f"{int(width[b]) // int(min_spacing[b])} images per sample; lower the maximum number of "
                          "steps per pretraining sequence or smrm mask_ratio")
+    if bool(too_many.any()):
+        # Region slots (a whole-image token + a few boxes, e.g. 3 per image on the synthetic world) cannot keep
+        # 5 images' masks below 50% overlap (sec. 4.2.3's rule, written for a grid of patches). Rather than stop
+        # the run, those samples spread their windows as evenly as the slots allow (offset floor(r P_b / n)).
+        _warn_overlap(int(n_images[too_many].max()), int(width[too_many].min()))
     noise = uniform((B, P), generator, device).masked_fill(~common, 2.0)
     pi = noise.argsort(dim=1)  # random order of the sample's real positions, padding last
     step_order = uniform((B, S), generator, device).masked_fill(~has_image, 2.0).argsort(dim=1)
     image_rank = step_order.argsort(dim=1)  # (B, S), 0..n-1 for the image steps
-    offsets = image_rank * spacing[:, None]
+    offsets = torch.where(too_many[:, None], image_rank * width[:, None] // n_images[:, None],
+                          image_rank * spacing[:, None])
     j = torch.arange(k, device=device)
     window = (offsets[..., None] + j) % width[:, None, None]  # (B, S, k)
     positions = pi[:, None, :].expand(B, S, P).gather(2, window)
