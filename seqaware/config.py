@@ -1,6 +1,7 @@
 """OmegaConf resolvers used by the Hydra configs (registered on import; idempotent)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from typing import Any
@@ -25,9 +26,20 @@ def _check_modality(modality: str) -> str:
     return modality
 
 
+CPU_BF16_ENV = "SEQAWARE_CPU_BF16"
+"""``SEQAWARE_CPU_BF16=0`` makes :func:`cpu_has_fast_bf16` answer False (``1``: True) whatever the CPU: a bf16
+machine then picks the fp32 defaults an fp32-only CPU would (e.g. to run the test suite as such a CPU does)."""
+
+
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU has bf16 matrix instructions (AMX or AVX512-BF16): bf16 autocast is then
-    about 2x faster than fp32 for transformer encoders; without them it is slower."""
+    about 2x faster than fp32 for transformer encoders; without them it is slower.
+    ``SEQAWARE_CPU_BF16=0|1`` overrides the answer (:data:`CPU_BF16_ENV`)."""
+    forced = os.environ.get(CPU_BF16_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise ValueError(f"{CPU_BF16_ENV} must be 0 or 1, got {forced!r}")
     try:
         import torch
 
