@@ -30,7 +30,7 @@ from seqaware import runs
 from seqaware.callbacks import Preemption
 from seqaware.checkpoint_io import AtomicCheckpointIO
 from seqaware.io import format_test_metrics, write_jsonl, write_test_metrics
-from seqaware.launch import pin_ddp_relaunch
+from seqaware.launch import ddp_sweep_job
 
 log = logging.getLogger("seqaware.train")
 
@@ -163,8 +163,10 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")
 def main(cfg: DictConfig) -> float | None:
-    pin_ddp_relaunch()  # in a -m sweep, DDP's extra ranks re-run this job in this folder (no stray sweep)
-    metrics = run(cfg)
+    # in a -m sweep, DDP's extra ranks re-run this job in this folder (no stray sweep), and the next job
+    # launches its own ranks
+    with ddp_sweep_job():
+        metrics = run(cfg)
     name = cfg.get("optimized_metric")
     if name and cfg.get("train", True):  # an evaluation-only run (train=false) logs no val/ metric to return
         if name not in metrics:
