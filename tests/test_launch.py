@@ -3,6 +3,7 @@ plugin, the Optuna sweeper (resumable study), a local submitit sweep and -m with
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -39,6 +40,62 @@ def test_slurm_launcher_composes_with_overrides(tmp_path):
     assert launcher["additional_parameters"]["signal"] == "USR1@240"
     assert "export SUBMITIT_PREEMPT_SIGNAL=USR1" in launcher["setup"]
     assert "Submitit" not in res.stdout + res.stderr
+
+
+def _hydra_cli(argv: list[str], monkeypatch, capsys) -> str:
+    """What ``python train.py ARGV`` prints for Hydra's --cfg / --help, through Hydra's own code
+    (hydra._internal.utils.run_and_report's path), in this process: the import of train.py's
+    libraries would make a subprocess cost seconds."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path, get_args_parser
+    from hydra.core.global_hydra import GlobalHydra
+
+    import seqaware.config  # noqa: F401  (resolvers)
+
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    GlobalHydra.instance().clear()
+    try:
+        app = Hydra.create_main_hydra2(task_name="train", config_search_path=create_config_search_path(str(ROOT / "configs")))
+        if args.help:
+            app.app_help(config_name="train.yaml", args_parser=parser, args=args)
+        else:
+            app.show_cfg(config_name="train.yaml", overrides=args.overrides, cfg_type=args.cfg, package=args.package,
+                         resolve=args.resolve)
+    finally:
+        GlobalHydra.instance().clear()
+    return capsys.readouterr().out
+
+
+def test_documented_cfg_hydra_resolve_check_works_and_creates_nothing(monkeypatch, capsys):
+    """docs/cluster.md: check a SLURM composition without submitting anything (`--cfg hydra --resolve`)."""
+    doc = (ROOT / "docs" / "cluster.md").read_text()
+    command = re.search(r"`python train\.py (hydra/launcher=slurm [^`]*--cfg hydra --resolve)`", doc).group(1).split()
+    args = [a for a in command if a != "..."]
+    args.insert(1, "hydra.launcher.partition=gpu")  # the "..." of the docs
+    logs_before = sorted((ROOT / "logs").rglob("*")) if (ROOT / "logs").exists() else []
+    cfg = yaml.safe_load(_hydra_cli(args, monkeypatch, capsys))
+    launcher = cfg["hydra"]["launcher"]
+    assert launcher["partition"] == "gpu" and launcher["additional_parameters"]["signal"] == "USR1@300"
+    assert "/runs/" in cfg["hydra"]["run"]["dir"] and "/multiruns/" in cfg["hydra"]["sweep"]["dir"]
+    logs_after = sorted((ROOT / "logs").rglob("*")) if (ROOT / "logs").exists() else []
+    assert logs_after == logs_before, "printing the config reserved a run folder"
+
+
+def test_help_lists_the_groups_a_user_picks_and_the_launchers(monkeypatch, capsys):
+    out = _hydra_cli(["--help"], monkeypatch, capsys)
+    groups = dict(line.split(": ", 1) for line in out.split("== Config ==")[0].splitlines() if ": " in line
+                  and not line.startswith(" "))
+    assert groups["hydra/launcher"] == "basic, local, slurm"
+    assert "seqaware_optuna" in groups["hydra/sweeper"]
+    for internal in ("experiment_base", "model/common", "eval", "prompts", "source"):
+        assert internal not in groups, f"{internal} is not a group a user picks"
+    assert "base" not in groups["data"].split(", ") and "default" not in groups["trainer"].split(", ")
+    assert groups["encoder"] == "clipvil, image, text, visualbert, visualbert_detector"
+    experiments = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+    assert groups["experiment"] == ", ".join(experiments)
+    assert "task_name: train" in out.split("== Config ==")[1]
 
 
 def test_slurm_sbatch_script_has_the_signal_and_requeue(tmp_path):
