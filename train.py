@@ -106,6 +106,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """
     out = Path(cfg.paths.output_dir)
     rank_zero = runs.process_rank() == 0
+    runs.check_not_finished(out)  # before the lock writes its holder into the folder: a finished run is left as it was
     with runs.RunLock(out) if rank_zero else contextlib.nullcontext():
         return _run_in_folder(cfg, out, rank_zero)
 

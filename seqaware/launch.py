@@ -92,7 +92,10 @@ def ddp_sweep_job(rank_timeout_s: float = 600.0) -> Iterator[bool]:
 def _output_dir() -> str:
     from hydra.core.hydra_config import HydraConfig
 
-    return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "the run folder"
+    try:
+        return str(HydraConfig.get().runtime.output_dir)
+    except Exception:  # noqa: BLE001  (no Hydra app, or no output folder yet)
+        return "the run folder"
 
 
 def release_ddp_ranks(kill: bool = False, timeout_s: float = 600.0) -> dict[int, int | None]:

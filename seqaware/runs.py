@@ -215,11 +215,8 @@ class RunPlan:
     csv_rows: list[dict] = field(default_factory=list)
 
 
-def prepare(run_dir: str | os.PathLike, ckpt_path: str | None, train: bool = True) -> RunPlan:
-    """Check the run folder and choose the checkpoint to resume from (see the module doc).
-
-    Every rank calls it (so every rank resumes from the same file); only rank 0 cleans the folder.
-    """
+def check_not_finished(run_dir: str | os.PathLike) -> dict:
+    """The folder's state; :class:`RunFinishedError` (nothing changed) when it holds a finished run."""
     run_dir = Path(run_dir)
     state = read_state(run_dir)
     if state.get("status") == "finished":
@@ -228,6 +225,16 @@ def prepare(run_dir: str | os.PathLike, ckpt_path: str | None, train: bool = Tru
             f"{run_dir / 'test_metrics.json'}). Nothing was changed. Start a new run in a new folder: leave out "
             f"hydra.run.dir / run_name, or set run_name=OTHER_NAME; to continue training it, use "
             f"ckpt_path={run_dir / LAST_CHECKPOINT} with a new run folder and a larger trainer.max_epochs.")
+    return state
+
+
+def prepare(run_dir: str | os.PathLike, ckpt_path: str | None, train: bool = True) -> RunPlan:
+    """Check the run folder and choose the checkpoint to resume from (see the module doc).
+
+    Every rank calls it (so every rank resumes from the same file); only rank 0 cleans the folder.
+    """
+    run_dir = Path(run_dir)
+    state = check_not_finished(run_dir)
     if process_rank() == 0:
         clean_orphans(run_dir)
     plan = RunPlan(run_dir=run_dir, ckpt_path=ckpt_path, state=state)

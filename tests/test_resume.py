@@ -142,6 +142,26 @@ def test_an_exception_leaves_the_run_failed_with_the_error(compose_train):
     assert state["status"] == "failed" and state["error"] == "RuntimeError: bad batch 7" and state["failed_rank"] == 0
 
 
+def test_a_failing_ddp_rank_records_the_failure_unless_rank_0_did(tmp_path, monkeypatch):
+    """Under DDP a rank that raises takes rank 0 down (Lightning's watchdog kills it), so the rank writes
+    ``failed`` itself -- but never over what rank 0 recorded."""
+    out = tmp_path / "run"
+    out.mkdir()
+    runs.write_state(out, status="running")
+    monkeypatch.setenv("RANK", "1")
+    train._record_stop(out, RuntimeError("CUDA out of memory"), rank_zero=False)
+    state = runs.read_state(out)
+    assert (state["status"], state["error"], state["failed_rank"]) == ("failed", "RuntimeError: CUDA out of memory", 1)
+    monkeypatch.setenv("RANK", "0")
+    train._record_stop(out, ValueError("rank 0's own error"), rank_zero=True)
+    assert runs.read_state(out)["error"] == "ValueError: rank 0's own error"
+    monkeypatch.setenv("RANK", "1")
+    train._record_stop(out, RuntimeError("Connection closed by peer"), rank_zero=False)  # a consequence, not the cause
+    assert runs.read_state(out)["error"] == "ValueError: rank 0's own error"
+    train._record_stop(out, SystemExit(0), rank_zero=True)  # a clean exit is no failure
+    assert runs.read_state(out)["status"] == "failed"
+
+
 def test_a_bad_config_value_fails_the_run_naming_the_key(compose_train):
     """trainer.max_steps=abc: an error naming the key before anything is built (Lightning's own is a bare
     TypeError '<' not supported between 'str' and 'int'), recorded in run.json."""

@@ -287,6 +287,24 @@ def test_teo_random_and_majority_baselines_by_hand():
     assert majority["mateo_f1_before"] == majority["mateo_f1_after"] == 0.0
 
 
+def test_teo_majority_baseline_is_chosen_per_set_with_ties_to_before_after():
+    """Edges 0->1, 0->3, 2->3: each set holds 3 dependent and 3 independent pairs, a tie that goes to
+    the label listed first. The original set's majority is "before", the swapped set's "after" (its
+    dependent pairs are "after"): predicting the original's majority on the swapped set would score
+    0 consistency."""
+    sets = teo_eval_sets([_procedure("q", 4, dag=[(0, 1), (0, 3), (2, 3)])])
+    original, swapped = sets["original"], sets["swapped"]
+    assert sorted(p["label"] for p in original) == ["before"] * 3 + ["independent"] * 3
+    assert sorted(p["label"] for p in swapped) == ["after"] * 3 + ["independent"] * 3
+    majority = teo_baselines(original, swapped, seed=0)["majority"]
+    assert majority["accuracy_original"] == majority["accuracy_swapped"] == 0.5
+    assert majority["consistency_dependent"] == 1.0 and majority["consistency_independent"] == 0.0
+    assert majority["consistency_accuracy"] == 0.5
+    # before: tp 3, predicted 6, gold 3 -> 6/9; after likewise on the swapped set; independent never predicted
+    assert majority["mateo_f1_before"] == majority["mateo_f1_after"] == pytest.approx(2 / 3)
+    assert majority["f1_independent"] == 0.0
+
+
 # ---------------------------------------------------------------- COHERENCE
 @pytest.mark.parametrize("seed", range(5))
 def test_kendall_tau_matches_scipy(seed):
