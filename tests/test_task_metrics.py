@@ -11,7 +11,7 @@ from seqaware.metrics.coherence import (
     coherence_baselines, coherence_report, coherence_rows, coherence_scores, coherence_source_table, coherence_table,
     kendall_tau,
 )
-from seqaware.metrics.classification import binary_baselines, binary_report, binary_table
+from seqaware.metrics.classification import binary_baselines, binary_report, binary_table, majority_label
 from seqaware.metrics.iso import iso_baselines, iso_report, iso_rows, iso_table
 from seqaware.metrics.teo import teo_baselines, teo_report, teo_rows, teo_table
 from seqaware.procedure import Procedure, Step
@@ -428,3 +428,21 @@ def test_coherence_baselines_hand_values():
     assert identity["exact_match"] == 0.0 and identity["partial_score"] == pytest.approx(1 / 6)
     assert identity["reject_accuracy"] == 0.0 and identity["reject_fraction"] == 0.5
     assert identity["invalid_rate"] == random["invalid_rate"] == 0.0
+
+
+def test_majority_label_ties_go_to_the_label_listed_first():
+    assert majority_label(["b", "a"], ("a", "b")) == "a" and majority_label(["b", "a"], ("b", "a")) == "b"
+    assert majority_label(["a", "b", "b"], ("a", "b")) == "b"           # no tie: the count decides
+    assert majority_label([], ("before", "after", "independent")) == "before"
+    assert "majority (DEP)" in iso_baselines(["DEP", "NONDEP", "NONDEP", "DEP"])
+    assert "majority (yes)" in binary_baselines(["no", "yes"])
+
+
+def test_coherence_overall_is_over_instances_when_domains_differ_in_size():
+    """Table 1's Overall weighs domains by their instances: 3 right WikiHow + 1 wrong Cooking = 3/4 (the
+    mean of the two domain means would be 1/2)."""
+    instances = [{"instance_id": f"i{k}", "candidates": ["a", "b"], "gold": [0, 1], "distractors": [],
+                  "difficulty": "easy", "source": source} for k, source in enumerate(["WikiHow"] * 3 + ["Cooking"])]
+    report = coherence_report(instances, [[0, 1], [0, 1], [0, 1], [1, 0]])
+    assert report["exact_match"] == pytest.approx(3 / 4) and report["partial_score"] == pytest.approx(3 / 4)
+    assert report["by_source"]["Cooking"]["exact_match"] == 0.0

@@ -351,3 +351,13 @@ def test_coherence_template_is_verbatim_d1():
     ours = " ".join([t["header"].format(**slots), "{Image list}", t["footer"].format(**slots)])
     assert " ".join(ours.split()) == d1
     assert t["placeholder"] == "[IMAGE_PLACEHOLDER]" and "Image 0[Uncaptioned image] Image 1" in paper
+
+
+def test_step_texts_are_shown_stripped():
+    """A description with surrounding whitespace / a trailing newline (as read from data) is shown trimmed,
+    so the prompt (and its cache hash) does not depend on it."""
+    clean = build_teo_prompt("baseline", "text", {"text": "Mix the flour."}, {"text": "Knead the dough."})
+    padded = build_teo_prompt("baseline", "text", {"text": "  Mix the flour.\n"}, {"text": "\tKnead the dough.  "})
+    assert prompt_text(padded) == prompt_text(clean)
+    assert "Step A description: Mix the flour.\nStep B description: Knead the dough." in prompt_text(padded)
+    assert prompt_hash(padded) == prompt_hash(clean)
