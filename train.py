@@ -166,7 +166,7 @@ def _record_stop(out: Path, err: BaseException, rank_zero: bool) -> None:
         runs.write_state(out, status="interrupted", signal=int(signal.SIGINT),
                          checkpoint=str(last) if last.is_file() else None)
         if rank_zero:
-            print(f"interrupted (Ctrl-C); " + (f"re-run the same command to resume from {last}" if last.is_file()
+            print("interrupted (Ctrl-C); " + (f"re-run the same command to resume from {last}" if last.is_file()
                   else "no checkpoint was saved yet"), file=sys.stderr)
         return
     message = f"{type(err).__name__}: {err}" if not isinstance(err, SystemExit) else f"SystemExit({err.code})"
