@@ -11,7 +11,8 @@ from seqaware.metrics.coherence import (
     coherence_baselines, coherence_report, coherence_rows, coherence_scores, coherence_source_table, coherence_table,
     kendall_tau,
 )
-from seqaware.metrics.classification import binary_baselines, binary_report, binary_table, majority_label
+from seqaware.metrics.classification import (align_labels, binary_baselines, binary_report, binary_table, choose_threshold,
+                                             majority_label, twin_consistency)
 from seqaware.metrics.iso import iso_baselines, iso_report, iso_rows, iso_table
 from seqaware.metrics.teo import teo_baselines, teo_report, teo_rows, teo_table
 from seqaware.procedure import Procedure, Step
@@ -446,3 +447,29 @@ def test_coherence_overall_is_over_instances_when_domains_differ_in_size():
     report = coherence_report(instances, [[0, 1], [0, 1], [0, 1], [1, 0]])
     assert report["exact_match"] == pytest.approx(3 / 4) and report["partial_score"] == pytest.approx(3 / 4)
     assert report["by_source"]["Cooking"]["exact_match"] == 0.0
+
+
+def test_metric_inputs_are_checked_with_a_message():
+    """Every input rule of the task metrics, its bad case."""
+    with pytest.raises(ValueError, match="unparsable must be one of exclude, wrong, got 'drop'"):
+        iso_report(["DEP"], ["DEP"], unparsable="drop")
+    with pytest.raises(ValueError, match=r"gold labels must be DEP or NONDEP, got \['YES'\]"):
+        iso_report(["DEP", "YES"], ["DEP", "DEP"])
+    with pytest.raises(TypeError, match="pred must be a mapping"):
+        align_labels({"a": "DEP"}, ["DEP"])
+    with pytest.raises(ValueError, match="gold and pred differ in length: 2 vs 1"):
+        align_labels(["DEP", "NONDEP"], ["DEP"])
+    with pytest.raises(ValueError, match="keys and answers differ in length: 2 vs 1"):
+        twin_consistency([1, 1], ["yes"])
+    with pytest.raises(ValueError, match="gold and scores differ in length"):
+        choose_threshold(["yes"], [0.1, 0.2])
+    with pytest.raises(ValueError, match="at least one scored question"):
+        choose_threshold([], [])
+    original, swapped = _fixed_teo_sets()
+    with pytest.raises(ValueError, match="same pairs, each once"):
+        teo_report(original, swapped[:-1], {}, {})
+    with pytest.raises(ValueError, match="same pairs, each once"):
+        teo_report(original, [*swapped[:-1], swapped[0]], {}, {})
+    stranger = teo_eval_sets([_procedure("z", 2, dag=[(0, 1)])])["swapped"][0]
+    with pytest.raises(ValueError, match="has no swapped counterpart"):
+        teo_report(original, [*swapped[:-1], stranger], {}, {})
