@@ -298,7 +298,6 @@ def test_resume_from_another_folder_keeps_best_checkpoint_tracking(compose_train
     assert (tmp_path / "a" / "checkpoints" / "best_epoch_000.ckpt").is_file()  # the source run is left as it was
 
 
-@pytest.mark.slow  # two short fits: about 12 s
 def test_resume_in_a_moved_run_folder_keeps_the_best_checkpoint(compose_train, tmp_path):
     """A run interrupted in folder a, then moved to b and re-run there: the best checkpoint (epoch 0's:
     lr=0 makes every epoch tie, and ties do not replace it) is still the one tested, from b."""
