@@ -10,6 +10,7 @@ Run folders, resuming, signals and safe loading: docs/running.md.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -29,8 +30,9 @@ from data_modules.datamodule import check_fit_saw_batches
 from seqaware import runs
 from seqaware.callbacks import Preemption
 from seqaware.checkpoint_io import AtomicCheckpointIO
+from seqaware.config import check_argument_types
 from seqaware.io import format_test_metrics, write_jsonl, write_test_metrics
-from seqaware.launch import pin_ddp_relaunch
+from seqaware.launch import ddp_sweep_job
 
 log = logging.getLogger("seqaware.train")
 
@@ -48,6 +50,9 @@ def build(cfg: DictConfig, plan: runs.RunPlan | None = None) -> tuple[pl.Lightni
     With a ``plan`` that resumes in the run folder, the W&B run is resumed by id and the CSV log
     keeps the rows logged before the checkpoint.
     """
+    for group in ("trainer", "data", "model", "callbacks", "logger"):  # a typo'd value, named, before anything runs
+        if cfg.get(group) is not None:
+            check_argument_types(cfg[group], group)
     pl.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     model = instantiate(cfg.model)
@@ -93,23 +98,37 @@ def _finish_wandb(trainer: pl.Trainer) -> None:
 def run(cfg: DictConfig) -> dict[str, float]:
     """Fit and/or test as the config says; returns the logged metrics as floats.
 
-    The run folder (``paths.output_dir``) is checked and resumed first (:func:`seqaware.runs.prepare`).
-    A SIGTERM / SIGUSR1 during fit saves ``checkpoints/last.ckpt`` and exits with 128 + the signal.
+    Rank 0 locks the run folder (``paths.output_dir``, :class:`seqaware.runs.RunLock`) for the whole
+    run; the folder is checked and resumed first (:func:`seqaware.runs.prepare`), and ``latest:TASK/FILE``
+    values are resolved (:func:`seqaware.runs.resolve_latest_values`). A SIGTERM / SIGUSR1 during fit
+    saves ``checkpoints/last.ckpt`` and exits with 128 + the signal; ``run.json`` ends ``finished``,
+    ``interrupted`` (a signal, Ctrl-C) or ``failed`` (any other exception, with the error).
     """
     out = Path(cfg.paths.output_dir)
-    plan = runs.prepare(out, cfg.get("ckpt_path"), train=cfg.get("train", True))
     rank_zero = runs.process_rank() == 0
+    runs.check_not_finished(out)  # before the lock writes its holder into the folder: a finished run is left as it was
+    with runs.RunLock(out) if rank_zero else contextlib.nullcontext():
+        return _run_in_folder(cfg, out, rank_zero)
+
+
+def _run_in_folder(cfg: DictConfig, out: Path, rank_zero: bool) -> dict[str, float]:
+    plan = runs.prepare(out, cfg.get("ckpt_path"), train=cfg.get("train", True))
     if rank_zero:
         runs.write_state(out, status="running", started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         command=sys.argv, resumed_from=plan.ckpt_path)
-    datamodule, model, trainer = build(cfg, plan)
-    if plan.ckpt_path and cfg.get("train", True) and not plan.resumed_in_place:
-        plan.ckpt_path = runs.rehome_checkpoint(plan.ckpt_path, trainer.checkpoint_callbacks, out)
-    if rank_zero:
-        for lg in trainer.loggers:
-            if type(lg).__name__ == "WandbLogger":
-                runs.write_state(out, wandb_id=lg.version)
+                         command=sys.argv, resumed_from=plan.ckpt_path, drop=("error", "failed_rank", "failed_at"))
+    trainer = None
     try:
+        resolved = runs.resolve_latest_values(cfg, cfg.paths.log_dir)
+        if resolved and rank_zero:
+            runs.write_state(out, resolved=resolved)
+        datamodule, model, trainer = build(cfg, plan)
+        if plan.ckpt_path and cfg.get("train", True):
+            # another run's checkpoint, or this folder's own after the folder was moved: keep best tracking
+            plan.ckpt_path = runs.rehome_checkpoint(plan.ckpt_path, trainer.checkpoint_callbacks, out)
+        if rank_zero:
+            for lg in trainer.loggers:
+                if type(lg).__name__ == "WandbLogger":
+                    runs.write_state(out, wandb_id=lg.version)
         metrics = _fit_and_test(cfg, datamodule, model, trainer, plan.ckpt_path)
     except SIGTERMException:
         signum = next((cb.received for cb in trainer.callbacks if isinstance(cb, Preemption) and cb.received),
@@ -120,11 +139,39 @@ def run(cfg: DictConfig) -> dict[str, float]:
             print(f"interrupted by signal {signum}; " + (f"resumable checkpoint {saved}: re-run the same command "
                   f"(same run folder {out}) to resume" if saved else "no checkpoint was saved"), file=sys.stderr)
         raise SystemExit(128 + signum)
+    except BaseException as err:
+        _record_stop(out, err, rank_zero)
+        raise
     finally:
-        _finish_wandb(trainer)
+        if trainer is not None:
+            _finish_wandb(trainer)
     if trainer.is_global_zero:
         runs.write_state(out, status="finished", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     return metrics
+
+
+def _record_stop(out: Path, err: BaseException, rank_zero: bool) -> None:
+    """``run.json`` after an exception: ``interrupted`` for Ctrl-C (Lightning turns the KeyboardInterrupt
+    of fit / test into ``sys.exit(1)``), else ``failed`` with the error. Rank 0 writes it; another rank
+    writes it only while the state still says ``running`` (under DDP a failing rank takes rank 0 down,
+    which may not get to write)."""
+    if isinstance(err, SystemExit) and not isinstance(err.__context__, KeyboardInterrupt):
+        if err.code in (None, 0):
+            return
+    rank = runs.process_rank()
+    if not rank_zero and runs.read_state(out).get("status") != "running":
+        return
+    if isinstance(err, KeyboardInterrupt) or isinstance(err.__context__, KeyboardInterrupt):
+        last = out / runs.LAST_CHECKPOINT
+        runs.write_state(out, status="interrupted", signal=int(signal.SIGINT),
+                         checkpoint=str(last) if last.is_file() else None)
+        if rank_zero:
+            print("interrupted (Ctrl-C); " + (f"re-run the same command to resume from {last}" if last.is_file()
+                  else "no checkpoint was saved yet"), file=sys.stderr)
+        return
+    message = f"{type(err).__name__}: {err}" if not isinstance(err, SystemExit) else f"SystemExit({err.code})"
+    runs.write_state(out, status="failed", error=message[:2000], failed_rank=rank,
+                     failed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
 
 def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl.LightningModule,
@@ -163,14 +210,27 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")
 def main(cfg: DictConfig) -> float | None:
-    pin_ddp_relaunch()  # in a -m sweep, DDP's extra ranks re-run this job in this folder (no stray sweep)
-    metrics = run(cfg)
+    # in a -m sweep, DDP's extra ranks re-run this job in this folder (no stray sweep), and the next job
+    # launches its own ranks
+    with ddp_sweep_job():
+        metrics = run(cfg)
+    return optimized_value(cfg, metrics)
+
+
+def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
+    """The value returned to sweepers: ``metrics[optimized_metric]``, or None (with a warning) when the
+    run finished without logging it -- e.g. ``trainer.max_steps`` ended fit before the first validation.
+    The run itself is fine (tested, ``run.json`` finished); an Optuna sweep records that trial as FAIL."""
     name = cfg.get("optimized_metric")
-    if name and cfg.get("train", True):  # an evaluation-only run (train=false) logs no val/ metric to return
-        if name not in metrics:
-            raise KeyError(f"optimized_metric={name!r} was not logged; logged: {sorted(metrics)}")
-        return metrics[name]
-    return None
+    if not name or not cfg.get("train", True):  # an evaluation-only run (train=false) logs no val/ metric
+        return None
+    if name not in metrics:
+        logged = sorted(k for k in metrics if not k.startswith("test/"))
+        log.warning("optimized_metric=%s was not logged, so this run returns no value to a sweeper (logged: %s). "
+                    "Did fit end before the first validation (trainer.max_steps, trainer.val_check_interval, "
+                    "trainer.limit_val_batches=0)?", name, ", ".join(logged) or "nothing")
+        return None
+    return metrics[name]
 
 
 if __name__ == "__main__":

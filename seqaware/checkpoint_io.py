@@ -3,13 +3,13 @@
 Writing: an interrupted save never corrupts an existing checkpoint (temporary file + ``os.replace``).
 
 Reading: every checkpoint is unpickled with ``torch.load(..., weights_only=True)`` (tensors and plain
-containers only: a crafted file cannot run code on load), and the ``_target_`` entries of a
-checkpoint's hyper-parameters -- which ``load_from_checkpoint`` turns into objects -- must name a
-class or function of an allow-listed package (:data:`ALLOWED_TARGETS`): seqaware's own packages and
-the library entry points the configs in ``configs/`` use.
+containers only: a crafted file cannot run code on load), and every ``_target_`` in a checkpoint's
+hyper-parameters -- which ``load_from_checkpoint`` hands to Hydra's ``instantiate`` -- is checked by
+:func:`check_targets` before anything is built (see its doc for the rule).
 """
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 from pathlib import Path
@@ -20,37 +20,38 @@ from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from seqaware.io import atomic_open
 
-ALLOWED_TARGETS: tuple[str, ...] = (
-    # the project's own packages
-    "seqaware", "decoders", "data_modules",
-    # what configs/ targets (and the neighbours a user picks on the command line)
-    "torch.optim",                      # optimisers and torch.optim.lr_scheduler
-    "torch.distributed.fsdp.wrap",      # trainer=fsdp auto-wrap policy
-    "transformers.optimization",
-    *(f"transformers.{name}" for name in (
-        "get_constant_schedule", "get_constant_schedule_with_warmup", "get_cosine_schedule_with_warmup",
-        "get_cosine_with_hard_restarts_schedule_with_warmup", "get_linear_schedule_with_warmup",
-        "get_polynomial_decay_schedule_with_warmup", "get_inverse_sqrt_schedule", "get_wsd_schedule")),
-    "pytorch_lightning.Trainer", "pytorch_lightning.callbacks", "pytorch_lightning.loggers",
-    "pytorch_lightning.strategies",
-    "hydra.utils.get_class",            # returns a class without calling it; its ``path`` is checked too
-    "optuna.samplers",                  # hparams_search=optuna_tpe (the sweeper's sampler)
-    # Hydra launcher / sweeper plugins of hydra/launcher=slurm|local and hparams_search=optuna_tpe
-    "hydra_plugins.seqaware_submitit", "hydra_plugins.seqaware_optuna_sweeper", "hydra_plugins.hydra_submitit_launcher",
-)
-"""Dotted prefixes a ``_target_`` may start with (a whole name component: ``torch.optim`` allows
-``torch.optim.AdamW``, not ``torch.optimizer_hack``)."""
+OWN_PACKAGES: tuple[str, ...] = ("seqaware", "decoders", "data_modules")
+"""Packages whose *classes* a checkpoint may build (the project's modules, models, encoders, decoders)."""
 
-# classes that hydra.utils.get_class may resolve in configs (FSDP wrap units); never called by it
-_GET_CLASS_PATHS: tuple[str, ...] = ALLOWED_TARGETS + ("transformers.models", "torch.nn")
+LIBRARY_CLASS_PACKAGES: tuple[str, ...] = ("torch.optim",)
+"""Library packages whose classes a checkpoint may build: torch's optimisers and ``torch.optim.lr_scheduler``
+(what ``model.optimizer`` / ``model.scheduler`` name)."""
+
+ALLOWED_FUNCTIONS: frozenset[str] = frozenset({
+    # the encoder factory every module's ``encoder`` / ``net.encoder`` config names (builds a registered
+    # encoder; its ``ckpt`` files are read with weights_only=True)
+    "seqaware.encoders.create_encoder",
+    # transformers' learning-rate schedules (``model.scheduler``; hparams=wu2022 uses the linear one):
+    # they only wrap an optimiser in a LambdaLR
+    *(f"transformers.optimization.{name}" for name in (
+        "get_constant_schedule", "get_constant_schedule_with_warmup", "get_cosine_schedule_with_warmup",
+        "get_cosine_with_hard_restarts_schedule_with_warmup", "get_cosine_with_min_lr_schedule_with_warmup",
+        "get_linear_schedule_with_warmup", "get_polynomial_decay_schedule_with_warmup",
+        "get_inverse_sqrt_schedule", "get_wsd_schedule")),
+})
+"""Functions (factories) a checkpoint may call, by the module that *defines* them and their name: an
+exact list, because a function of the project's own packages may write files (``seqaware.io.write_jsonl``)."""
+
+_IMPORTABLE_ROOTS: tuple[str, ...] = (*OWN_PACKAGES, "torch", "transformers")
+"""Top-level packages :func:`resolve_target` imports to look a target up (no other module is imported)."""
 
 
 class UnsafeCheckpointError(ValueError):
-    """A checkpoint holds something that is not loaded on purpose (code, or a non-allow-listed target)."""
+    """A checkpoint holds something that is not loaded on purpose (code, or a target outside the rule)."""
 
 
-def _allowed(target: str, prefixes: tuple[str, ...]) -> bool:
-    return any(target == p or target.startswith(p + ".") for p in prefixes)
+def _in_package(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def _targets(obj: Any, where: str = "") -> Iterator[tuple[str, Any, dict]]:
@@ -65,20 +66,67 @@ def _targets(obj: Any, where: str = "") -> Iterator[tuple[str, Any, dict]]:
             yield from _targets(value, f"{where}[{i}]")
 
 
+def resolve_target(target: str) -> Any:
+    """The object ``target`` names, looked up the way Hydra's ``instantiate`` does (``_locate``: import
+    the first component, then attribute by attribute, importing submodules on the way), so the check
+    sees exactly what would be called. Nothing is called; only modules of :data:`_IMPORTABLE_ROOTS` are
+    imported. Raises :class:`LookupError` when the name does not resolve or its package is not importable here."""
+    from hydra._internal.utils import _locate
+
+    root = target.split(".", 1)[0]
+    if root not in _IMPORTABLE_ROOTS:
+        raise LookupError(f"package {root!r} is not one a checkpoint may build from")
+    try:
+        return _locate(target)
+    except Exception as err:  # noqa: BLE001  (ImportError, ValueError of a malformed name)
+        raise LookupError(f"{target!r} does not resolve ({type(err).__name__})") from err
+
+
+def _defined_name(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', None) or '?'}.{getattr(obj, '__qualname__', None) or getattr(obj, '__name__', '?')}"
+
+
+def target_refusal(target: Any) -> str | None:
+    """Why ``target`` may not be built from a checkpoint, or None when it may (see :func:`check_targets`)."""
+    if not isinstance(target, str):
+        return f"a _target_ must be a dotted name, got {type(target).__name__}"
+    try:
+        obj = resolve_target(target)
+    except LookupError as err:
+        return str(err)
+    module = getattr(obj, "__module__", None) or ""
+    if inspect.isclass(obj):
+        if _in_package(module, OWN_PACKAGES) or _in_package(module, LIBRARY_CLASS_PACKAGES):
+            return None
+        return f"it names the class {_defined_name(obj)}, which is not defined in {', '.join(OWN_PACKAGES + LIBRARY_CLASS_PACKAGES)}"
+    if callable(obj) and _defined_name(obj) in ALLOWED_FUNCTIONS:
+        return None
+    kind = "function" if inspect.isroutine(obj) else type(obj).__name__
+    return f"it names the {kind} {_defined_name(obj)}, which is not a class and not in ALLOWED_FUNCTIONS"
+
+
 def check_targets(hparams: Any, source: str | os.PathLike = "<hyper-parameters>") -> None:
-    """Raise :class:`UnsafeCheckpointError` if any ``_target_`` in ``hparams`` is not allow-listed."""
-    for where, target, node in _targets(hparams):
-        name = target if isinstance(target, str) else repr(target)
-        ok = isinstance(target, str) and _allowed(target, ALLOWED_TARGETS)
-        if ok and target == "hydra.utils.get_class":
-            path = node.get("path")
-            ok, name = isinstance(path, str) and _allowed(path, _GET_CLASS_PATHS), f"get_class({path!r})"
-        if not ok:
+    """Raise :class:`UnsafeCheckpointError` naming the key path unless every ``_target_`` in ``hparams`` may be built.
+
+    Each target is resolved to the object it names (:func:`resolve_target`, nothing called) and allowed when it is
+
+    * a class defined in the project's packages (:data:`OWN_PACKAGES`) or in :data:`LIBRARY_CLASS_PACKAGES`
+      (torch's optimisers and schedulers), judged by the class's own ``__module__``: a name reached
+      through another module (``seqaware.checkpoint_io.torch.load``) is judged by what it is;
+    * or one of the factory functions of :data:`ALLOWED_FUNCTIONS`, by their defining module and name.
+
+    Everything else -- any other function (``seqaware.io.write_jsonl``, ``torch.load``), a method, a
+    class of another library, a name that does not resolve -- is refused before anything is built.
+    """
+    for where, target, _node in _targets(hparams):
+        reason = target_refusal(target)
+        if reason is not None:
+            name = target if isinstance(target, str) else repr(target)
             raise UnsafeCheckpointError(
-                f"{source}: refusing to build {name} (hyper-parameter '{where}._target_'): only classes of "
-                f"{', '.join(ALLOWED_TARGETS[:3])} and the libraries the configs use are built from a checkpoint "
-                f"(seqaware.checkpoint_io.ALLOWED_TARGETS). If you trust this file and need that class, build the "
-                f"module from your config instead of load_from_checkpoint.")
+                f"{source}: refusing to build {name} (hyper-parameter '{where}._target_'): {reason}. A checkpoint may "
+                f"only build classes of {', '.join(OWN_PACKAGES)} and {', '.join(LIBRARY_CLASS_PACKAGES)}, and the "
+                f"factories listed in seqaware.checkpoint_io.ALLOWED_FUNCTIONS; nothing was built. If you trust this "
+                f"file, build the module from your config and load its state_dict instead of load_from_checkpoint.")
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", check_hparams: bool = True) -> Any:

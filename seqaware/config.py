@@ -1,9 +1,10 @@
 """OmegaConf resolvers used by the Hydra configs (registered on import; idempotent)."""
 from __future__ import annotations
 
+import inspect
 import os
+import types
 from pathlib import Path
-
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -18,6 +19,70 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True)
     return value
+
+
+def _simple_types(annotation: Any) -> set[type] | None:
+    """The scalar types (int, float, bool, str, NoneType) an annotation admits, or None when it admits
+    anything else too (Any, a class, a container, a callable: not checked)."""
+    import typing
+
+    if annotation is inspect.Parameter.empty or annotation is typing.Any:
+        return None
+    if annotation in (int, float, bool, str, type(None)):
+        return {float, int} if annotation is float else {annotation}
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return {type(v) for v in typing.get_args(annotation)}
+    if origin in (typing.Union, types.UnionType):
+        found: set[type] = set()
+        for arg in typing.get_args(annotation):
+            sub = _simple_types(arg)
+            if sub is None:
+                return None
+            found |= sub
+        return found
+    return None
+
+
+def check_argument_types(cfg: Any, key: str) -> None:
+    """ValueError naming the key when a text value is given where a target's argument takes only
+    numbers / booleans (``trainer.max_steps=abc``), before anything is built.
+
+    Walks every ``_target_`` node of ``cfg`` (a config or plain containers; ``key``: its dotted path)
+    and compares each text value with the type annotation of the argument of that name. Arguments
+    without an annotation, or that also take other types, are not checked; nor are targets whose
+    annotations do not evaluate."""
+    import typing
+
+    from hydra._internal.utils import _locate
+
+    node = to_plain(cfg)
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            check_argument_types(item, f"{key}[{i}]")
+        return
+    if not isinstance(node, dict):
+        return
+    target = node.get("_target_")
+    if isinstance(target, str):
+        try:
+            obj = _locate(target)
+            fn = obj.__init__ if inspect.isclass(obj) else obj
+            params = inspect.signature(fn).parameters
+            hints = typing.get_type_hints(fn)
+        except Exception:  # noqa: BLE001  (unresolvable target or annotations: instantiate reports it)
+            params, hints = {}, {}
+        for name, value in node.items():
+            if not isinstance(value, str) or name not in params or name not in hints:
+                continue
+            allowed = _simple_types(hints[name])
+            if allowed is not None and str not in allowed:
+                words = {int: "an integer", float: "a number", bool: "true/false", type(None): "null"}
+                kinds = " or ".join(dict.fromkeys(words[t] for t in (bool, int, float, type(None)) if t in allowed))
+                raise ValueError(f"{key}.{name}={value!r}: {target.rsplit('.', 1)[-1]}({name}=...) takes {kinds}, not text")
+    for name, value in node.items():
+        if isinstance(value, (dict, list)):
+            check_argument_types(value, f"{key}.{name}")
 
 
 def _check_modality(modality: str) -> str:
@@ -64,6 +129,30 @@ def auto_precision(accelerator: str = "cpu") -> str:
     return "bf16-mixed" if cpu_has_fast_bf16() else "32-true"
 
 
+# config groups / options that other configs include and a user never picks (left out of train.py --help)
+INTERNAL_GROUPS = ("eval", "experiment_base", "model/common", "prompts", "source")
+INTERNAL_OPTIONS = {"data": ("base",), "encoder": ("base", "single_stream"), "objectives": ("base",), "trainer": ("default",)}
+# the groups of Hydra itself a user picks, beside the options in configs/hydra/<group>/
+HYDRA_GROUPS = {"hydra/launcher": ("basic",), "hydra/sweeper": ("basic", "seqaware_optuna")}
+
+
+def help_groups(config_dir: str | Path = PROJECT_ROOT / "configs") -> str:
+    """The ``group: option, ...`` lines of ``train.py --help`` (``hydra.help.template``): the groups and
+    options a user picks, without the internal ones (:data:`INTERNAL_GROUPS`, :data:`INTERNAL_OPTIONS`),
+    and Hydra's launcher and sweeper."""
+    root = Path(config_dir)
+    groups: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.yaml")):
+        group = path.parent.relative_to(root).as_posix()
+        if group == "." or group == "hydra" or group in INTERNAL_GROUPS or path.stem in INTERNAL_OPTIONS.get(group, ()):
+            continue
+        groups.setdefault(group, []).append(path.stem)
+    for group, builtin in HYDRA_GROUPS.items():
+        groups[group] = sorted(set(builtin) | set(groups.get(group, [])))
+    order = sorted(groups, key=lambda g: (g.startswith("hydra/"), g))
+    return "\n".join(f"{group}: {', '.join(sorted(groups[group]))}" for group in order)
+
+
 def register_resolvers() -> None:
     resolvers = {
         # the checkout (or installed package) root; configs resolve relative paths against it
@@ -71,6 +160,7 @@ def register_resolvers() -> None:
         "uses_text": lambda m: _check_modality(m) in ("text", "multimodal"),
         "uses_images": lambda m: _check_modality(m) in ("image", "multimodal"),
         "auto_precision": auto_precision,
+        "help_groups": help_groups,
     }
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):

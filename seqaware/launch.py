@@ -6,6 +6,12 @@
   each extra rank re-ran the sweep under a new ``${now:...}`` sweep folder (the stray second sweep
   folder). Called at the start of a multirun job, it makes the re-launched ranks run exactly this
   job (its own overrides, ``hydra.mode=RUN``) in this job's output folder.
+* :func:`ddp_sweep_job`: the context of one job of such a sweep. Rank 0 runs every job of the sweep
+  in one process, but Lightning launches the extra ranks (and sets ``LOCAL_RANK``, ``WORLD_SIZE``,
+  ``MASTER_PORT``, ... and the process group) once per *process*: without a reset the second job
+  found ``LOCAL_RANK`` set, launched no rank and talked to job 0's exited rank 1 ("Connection
+  closed by peer"). At the end of each job it waits for the job's ranks (kills them when the job
+  failed), destroys the process group and restores those variables, so the next job launches its own.
 * :func:`slurm_environment`: Lightning's ``SLURMEnvironment`` with ``auto_requeue`` off when the
   process runs under SLURM (None otherwise). Lightning's own requeue handler would save a second,
   ``hpc_ckpt_*.ckpt`` checkpoint and requeue on its own; the project's signal handling checkpoints
@@ -16,8 +22,12 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
-from typing import Any
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +58,86 @@ def pin_ddp_relaunch() -> bool:
     sys.argv = [sys.argv[0], *hydra_cfg.overrides.task, "hydra.mode=RUN"]
     log.debug("DDP ranks > 0 will re-run this job in %s: %s", output_dir, sys.argv[1:])
     return True
+
+
+# what Lightning's launcher (and torch.distributed) set in the launching process for one DDP job
+_DDP_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextmanager
+def ddp_sweep_job(rank_timeout_s: float = 600.0) -> Iterator[bool]:
+    """Run one job of a ``-m`` sweep so that the next job can launch its own DDP ranks.
+
+    Calls :func:`pin_ddp_relaunch`; yields whether this is such a job (Hydra's basic launcher). Then,
+    in that case only, on the way out (after the job returned or raised): :func:`release_ddp_ranks`
+    (wait up to ``rank_timeout_s`` for the ranks this process launched, kill them at once if the job
+    raised), destroy the default process group and put back the DDP variables as they were before the job.
+    """
+    pinned = pin_ddp_relaunch()
+    saved = {var: os.environ.get(var) for var in _DDP_ENV}
+    failed = True
+    try:
+        yield pinned
+        failed = False
+    finally:
+        if pinned:
+            codes = release_ddp_ranks(kill=failed, timeout_s=rank_timeout_s)
+            _reset_ddp_state(saved)
+            bad = {rank: code for rank, code in codes.items() if code != 0}
+            if bad and not failed:
+                raise RuntimeError(f"DDP ranks of this job exited with a failure (rank: exit code) {bad}; see their "
+                                   f"logs (train_ddp_process_<rank>.log) in {_output_dir()}")
+
+
+def _output_dir() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return str(HydraConfig.get().runtime.output_dir)
+    except Exception:  # noqa: BLE001  (no Hydra app, or no output folder yet)
+        return "the run folder"
+
+
+def release_ddp_ranks(kill: bool = False, timeout_s: float = 600.0) -> dict[int, int | None]:
+    """Wait for the DDP ranks Lightning's launcher started from this process (or kill them); their exit codes.
+
+    Lightning keeps them only in the watchdog thread it starts beside them (``_ChildProcessObserver``),
+    which SIGKILLs this process as soon as one of them exits with an error: the watchdog is detached
+    first (its list emptied, so it stops on its next poll), so that a job's ranks ending -- or being
+    killed after a failure -- cannot take the rest of the sweep down. A rank still running after
+    ``timeout_s`` is killed. Returns ``{local rank: exit code}`` (1, 2, ...).
+    """
+    from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    procs: list[subprocess.Popen] = []
+    for thread in threading.enumerate():
+        if isinstance(thread, _ChildProcessObserver) and thread.is_alive():
+            procs.extend(thread._child_processes)
+            thread._child_processes = []  # all() of nothing: the watchdog finishes without acting
+    for proc in procs:
+        if kill and proc.poll() is None:
+            proc.kill()
+    codes = {}
+    for rank, proc in enumerate(procs, start=1):
+        try:
+            codes[rank] = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.error("DDP rank %d (pid %d) still runs %.0f s after this job ended: killing it", rank, proc.pid, timeout_s)
+            proc.kill()
+            codes[rank] = proc.wait()
+    return codes
+
+
+def _reset_ddp_state(saved: dict[str, str | None]) -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
 
 
 def slurm_environment(auto_requeue: bool = False) -> Any:

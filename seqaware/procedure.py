@@ -267,7 +267,8 @@ def _validate_step(i: int, step: Any, root, check_images: bool, allow_outside_im
     boxes = step.get("boxes")
     if boxes is not None:
         ok = isinstance(boxes, list) and all(
-            isinstance(b, (list, tuple)) and len(b) == 4 and all(isinstance(v, (int, float)) for v in b) for b in boxes
+            isinstance(b, (list, tuple)) and len(b) == 4
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in b) for b in boxes
         )
         if not ok:
             problems.append((f"{where}.boxes", "must be a list of [x0, y0, x1, y1] boxes"))

@@ -8,17 +8,26 @@
   of an interrupted save, refuses a folder that holds a finished run, and picks the checkpoint to
   resume from: the folder's own ``checkpoints/last.ckpt`` first (re-running the same command
   resumes), else ``ckpt_path=``.
-* ``run.json`` in the folder records the state: ``running`` | ``interrupted`` | ``finished``, the
-  checkpoint resumed from and the W&B run id (so a resumed run logs into the same W&B run).
+* :class:`RunLock` (rank 0 of ``train.py``, for the whole run): an exclusive ``fcntl.flock`` on
+  ``run.lock`` in the folder, so two processes never run in one folder; the kernel releases it when
+  the process ends, however it ends (a SIGKILL leaves no stale lock).
+* ``run.json`` in the folder records the state: ``running`` | ``interrupted`` | ``failed`` |
+  ``finished`` (see docs/running.md), the checkpoint resumed from and the W&B run id (so a resumed
+  run logs into the same W&B run).
+* :func:`resolve_latest`: ``latest:TASK/FILE`` config values name FILE in the newest finished run of TASK.
 """
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
+import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +55,24 @@ class RunFinishedError(RuntimeError):
     """The run folder already holds a finished run."""
 
 
+class RunLockedError(RuntimeError):
+    """Another process is running in the run folder."""
+
+
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+,@-]*")
+
+
+def check_run_name(run_name: Any) -> str:
+    """``run_name`` as a folder name, or ValueError: one path component of letters, digits and ``. _ - = + , @``
+    that starts with a letter or digit (no ``/``, no ``..``, no hidden or absolute name)."""
+    name = str(run_name)
+    if not _RUN_NAME.fullmatch(name) or name.endswith(".") or ".." in name:
+        raise ValueError(f"run_name={name!r} is not a folder name: use letters, digits and . _ - = + , @, starting with "
+                         f"a letter or digit (no '/', no '..'). The run folder is <paths.log_dir>/<task_name>/runs/<run_name>; "
+                         f"to write somewhere else set hydra.run.dir=PATH")
+    return name
+
+
 def process_rank() -> int:
     """Global rank of this process as the launcher set it (0 when not launched distributed)."""
     for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
@@ -69,11 +96,19 @@ def distributed_job_id() -> str | None:
     return None
 
 
+_PRINT_FLAGS = frozenset({"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i"})
+
+
+def _only_printing() -> bool:
+    """Whether Hydra was asked only to print (the config, its help or info) on this command line."""
+    return any(arg in _PRINT_FLAGS or arg.startswith("--cfg=") for arg in sys.argv[1:])
+
+
 def new_run_dir(parent: str, run_name: Any = None) -> str:
     """The folder of a new run below ``parent`` (see the module doc)."""
     parent_path = Path(parent)
     if run_name not in (None, "", "null", "None"):
-        return str(parent_path / str(run_name))
+        return str(parent_path / check_run_name(run_name))
     job = distributed_job_id()
     if job is not None:
         return str(parent_path / job)
@@ -81,6 +116,8 @@ def new_run_dir(parent: str, run_name: Any = None) -> str:
         raise RuntimeError("this process is a non-zero rank started without a shared job id (SLURM_JOB_ID or "
                            "torchrun --rdzv-id): set run_name=NAME (or hydra.run.dir=PATH) so every rank uses one folder")
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    if _only_printing():  # train.py --cfg / --help / --info: Hydra shows the name, nothing runs in it
+        return str(parent_path / f"{stamp}_{secrets.token_hex(3)}")
     parent_path.mkdir(parents=True, exist_ok=True)
     while True:
         candidate = parent_path / f"{stamp}_{secrets.token_hex(3)}"
@@ -89,6 +126,45 @@ def new_run_dir(parent: str, run_name: Any = None) -> str:
             return str(candidate)
         except FileExistsError:
             continue
+
+
+# ----------------------------------------------------------------------------------- lock
+LOCK_FILE = "run.lock"
+
+
+class RunLock:
+    """An exclusive lock on a run folder for as long as the ``with`` block (or the process) lasts.
+
+    ``fcntl.flock`` on ``<run_dir>/run.lock`` (created, never deleted: deleting a lock file lets two
+    processes lock two different files). The holder writes its pid and host into the file for the
+    message another process gets (:class:`RunLockedError`). The kernel drops the lock when the process
+    ends, even by SIGKILL, so a killed run never blocks the next one.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunLockedError(
+                f"{self.path.parent} is in use by another process ({holder}): two runs never share a folder. Wait for "
+                f"it to end, or start this run in another folder (another run_name, or none for a fresh one)") from err
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
 
 
 # ----------------------------------------------------------------------------------- run state
@@ -102,9 +178,11 @@ def read_state(run_dir: str | os.PathLike) -> dict:
         raise ValueError(f"{path} is not valid JSON ({err}); delete it to resume this run folder") from err
 
 
-def write_state(run_dir: str | os.PathLike, **updates: Any) -> dict:
-    """Merge ``updates`` into ``run.json`` (atomically) and return the new state."""
+def write_state(run_dir: str | os.PathLike, drop: tuple[str, ...] = (), **updates: Any) -> dict:
+    """Merge ``updates`` into ``run.json`` (atomically), removing the keys ``drop``; returns the new state."""
     state = read_state(run_dir)
+    for key in drop:
+        state.pop(key, None)
     state.update(updates, updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     with atomic_open(Path(run_dir) / RUN_STATE_FILE) as fh:
         json.dump(state, fh, indent=1, sort_keys=True)
@@ -137,11 +215,8 @@ class RunPlan:
     csv_rows: list[dict] = field(default_factory=list)
 
 
-def prepare(run_dir: str | os.PathLike, ckpt_path: str | None, train: bool = True) -> RunPlan:
-    """Check the run folder and choose the checkpoint to resume from (see the module doc).
-
-    Every rank calls it (so every rank resumes from the same file); only rank 0 cleans the folder.
-    """
+def check_not_finished(run_dir: str | os.PathLike) -> dict:
+    """The folder's state; :class:`RunFinishedError` (nothing changed) when it holds a finished run."""
     run_dir = Path(run_dir)
     state = read_state(run_dir)
     if state.get("status") == "finished":
@@ -150,6 +225,16 @@ def prepare(run_dir: str | os.PathLike, ckpt_path: str | None, train: bool = Tru
             f"{run_dir / 'test_metrics.json'}). Nothing was changed. Start a new run in a new folder: leave out "
             f"hydra.run.dir / run_name, or set run_name=OTHER_NAME; to continue training it, use "
             f"ckpt_path={run_dir / LAST_CHECKPOINT} with a new run folder and a larger trainer.max_epochs.")
+    return state
+
+
+def prepare(run_dir: str | os.PathLike, ckpt_path: str | None, train: bool = True) -> RunPlan:
+    """Check the run folder and choose the checkpoint to resume from (see the module doc).
+
+    Every rank calls it (so every rank resumes from the same file); only rank 0 cleans the folder.
+    """
+    run_dir = Path(run_dir)
+    state = check_not_finished(run_dir)
     if process_rank() == 0:
         clean_orphans(run_dir)
     plan = RunPlan(run_dir=run_dir, ckpt_path=ckpt_path, state=state)
@@ -171,12 +256,15 @@ def _checkpoint_paths(state: dict) -> list[str]:
 
 
 def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: str | os.PathLike) -> str:
-    """Resume ``ckpt_path`` (another run's checkpoint) in ``run_dir`` without losing best tracking.
+    """Resume ``ckpt_path`` in ``run_dir`` without losing best tracking: another run's checkpoint,
+    or this folder's own ``last.ckpt`` after the folder was moved or renamed.
 
     Lightning's ModelCheckpoint forgets its best score when its folder changed; so the checkpoints
-    it tracked are copied into this run's checkpoint folders, the callback states rewritten to point
-    at the copies, and the result written as this run's ``checkpoints/last.ckpt`` (resumed from, and
-    found again by :func:`prepare` if this run is interrupted in turn). Returns the path to resume from.
+    it tracked are copied into this run's checkpoint folders (a moved folder already holds them),
+    the callback states rewritten to point at them, and the result written as this run's
+    ``checkpoints/last.ckpt`` (resumed from, and found again by :func:`prepare` if this run is
+    interrupted in turn). A tracked checkpoint found in neither place is named in a warning.
+    Returns the path to resume from.
     """
     import torch
 
@@ -195,12 +283,20 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
             continue
         new_dir.mkdir(parents=True, exist_ok=True)
         mapping = {}
+        missing = []
         for path in _checkpoint_paths(state):
             src = Path(path)
             dst = new_dir / src.name
-            if src.is_file() and src.resolve() != Path(ckpt_path).resolve():
+            if src.is_file() and not dst.exists() and src.resolve() != Path(ckpt_path).resolve():
                 shutil.copy2(src, dst)
+            if not dst.is_file() and dst.resolve() != Path(ckpt_path).resolve():
+                missing.append(path)
             mapping[path] = str(dst)
+        if missing:
+            log.warning("%s: the checkpoint(s) %s that %s tracked (best_model_path, best_k_models) are neither where "
+                        "the run left them nor in %s: 'best' now ranks only what this run saves from here on, and "
+                        "the test may use a later checkpoint. Copy them into %s to keep them",
+                        ckpt_path, missing, key, new_dir, new_dir)
         for name in ("best_model_path", "kth_best_model_path", "last_model_path"):
             if state.get(name):
                 state[name] = mapping.get(state[name], state[name])
@@ -216,6 +312,72 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
         torch.save(checkpoint, fh)
     log.info("resuming %s in %s with its best-checkpoint tracking (copied into %s)", ckpt_path, run_dir, target.parent)
     return str(target)
+
+
+# ------------------------------------------------------------------------- latest:TASK/FILE
+LATEST_PREFIX = "latest:"
+_LATEST = re.compile(r"latest:(?P<task>[A-Za-z0-9][A-Za-z0-9._=+,@-]*)/(?P<file>[^/].*)")
+
+
+def finished_runs(log_dir: str | os.PathLike, task: str) -> list[Path]:
+    """Folders of the finished runs of ``task`` under ``log_dir`` (``runs/*`` and sweep jobs
+    ``multiruns/*/*``), the most recently finished first."""
+    root = Path(log_dir) / task
+    found = []
+    for state_file in [*root.glob(f"runs/*/{RUN_STATE_FILE}"), *root.glob(f"multiruns/*/*/{RUN_STATE_FILE}")]:
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if state.get("status") == "finished":
+            found.append((str(state.get("finished_at", "")), state_file.stat().st_mtime_ns, state_file.parent))
+    return [run for *_, run in sorted(found, key=lambda f: f[:2], reverse=True)]
+
+
+def resolve_latest(value: str, log_dir: str | os.PathLike) -> str:
+    """``latest:TASK/FILE`` -> ``<log_dir>/TASK/.../<newest finished run holding FILE>/FILE``.
+
+    Runs that are running, interrupted or failed never count. FileNotFoundError when no finished run
+    of TASK holds FILE, naming where it looked."""
+    match = _LATEST.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{value!r}: expected latest:TASK/FILE, e.g. latest:clipvil_pretrain/encoder.pt")
+    task, name = match["task"], match["file"]
+    runs = finished_runs(log_dir, task)
+    for run_dir in runs:
+        if (run_dir / name).is_file():
+            return str(run_dir / name)
+    looked = Path(log_dir) / task
+    raise FileNotFoundError(
+        f"{value}: no finished run of task '{task}' under {looked} holds {name} ({len(runs)} finished run(s) there). "
+        f"Run that stage first (e.g. python train.py experiment={task}), or give the file's path")
+
+
+def resolve_latest_values(cfg: Any, log_dir: str | os.PathLike) -> dict[str, str]:
+    """Replace, in place, every string value ``latest:TASK/FILE`` of an OmegaConf config by the file it
+    names (:func:`resolve_latest`); returns ``{key: path}``."""
+    from omegaconf import OmegaConf, open_dict
+
+    found: dict[str, str] = {}
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}.{i}")
+        elif isinstance(node, str) and node.startswith(LATEST_PREFIX):
+            found[key] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    resolved = {}
+    with open_dict(cfg):
+        for key, value in found.items():
+            resolved[key] = resolve_latest(value, log_dir)
+            OmegaConf.update(cfg, key, resolved[key], merge=False)
+            log.info("%s=%s: %s", key, value, resolved[key])
+    return resolved
 
 
 # ------------------------------------------------------------------------------- loggers

@@ -20,3 +20,14 @@ class SignalAtStep(pl.Callback):
         if trainer.global_step == self.step and not self.marker.exists():
             self.marker.touch()
             os.kill(os.getpid(), self.signum)
+
+
+class FailAtStep(pl.Callback):
+    """Raise ``RuntimeError(message)`` after training step ``step``: a run that fails mid-fit."""
+
+    def __init__(self, step: int, message: str = "a bug at this step"):
+        self.step, self.message = int(step), message
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError(self.message)

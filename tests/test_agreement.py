@@ -180,3 +180,15 @@ def test_procedure_statistics_hand_set():
     assert capped["max"] == 5.0 and capped["num_capped"] == 1 and capped["mean"] == 3.5
     empty = procedure_statistics([_proc("x", 2, None)])
     assert empty["total_edges"] is None and empty["linear_extensions"] is None
+
+
+def test_procedure_statistics_a_pair_linked_only_backwards_is_not_independent():
+    """Edges may point from a later step to an earlier one (2 -> 0: step 0 needs step 2): the pair
+    (0, 2) is then linked only in reverse and is not independent; (0, 1) and (1, 2) are. A chain
+    3 -> 1 -> 0 links (0, 3) only through two reversed edges."""
+    stats = procedure_statistics([_proc("r", 3, [(2, 0)])])
+    assert stats["independent_pair_share"] == pytest.approx(2 / 3)
+    assert stats["linear_extensions"]["max"] == 3.0  # 2 before 0, 1 anywhere
+    chain = procedure_statistics([_proc("c", 4, [(3, 1), (1, 0)])])
+    # pairs: 0-1, 1-3, 0-3 linked (0-3 through 1); 0-2, 1-2, 2-3 independent
+    assert chain["independent_pair_share"] == pytest.approx(3 / 6)

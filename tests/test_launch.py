@@ -3,6 +3,7 @@ plugin, the Optuna sweeper (resumable study), a local submitit sweep and -m with
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -39,6 +40,62 @@ def test_slurm_launcher_composes_with_overrides(tmp_path):
     assert launcher["additional_parameters"]["signal"] == "USR1@240"
     assert "export SUBMITIT_PREEMPT_SIGNAL=USR1" in launcher["setup"]
     assert "Submitit" not in res.stdout + res.stderr
+
+
+def _hydra_cli(argv: list[str], monkeypatch, capsys) -> str:
+    """What ``python train.py ARGV`` prints for Hydra's --cfg / --help, through Hydra's own code
+    (hydra._internal.utils.run_and_report's path), in this process: the import of train.py's
+    libraries would make a subprocess cost seconds."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path, get_args_parser
+    from hydra.core.global_hydra import GlobalHydra
+
+    import seqaware.config  # noqa: F401  (resolvers)
+
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    GlobalHydra.instance().clear()
+    try:
+        app = Hydra.create_main_hydra2(task_name="train", config_search_path=create_config_search_path(str(ROOT / "configs")))
+        if args.help:
+            app.app_help(config_name="train.yaml", args_parser=parser, args=args)
+        else:
+            app.show_cfg(config_name="train.yaml", overrides=args.overrides, cfg_type=args.cfg, package=args.package,
+                         resolve=args.resolve)
+    finally:
+        GlobalHydra.instance().clear()
+    return capsys.readouterr().out
+
+
+def test_documented_cfg_hydra_resolve_check_works_and_creates_nothing(monkeypatch, capsys):
+    """docs/cluster.md: check a SLURM composition without submitting anything (`--cfg hydra --resolve`)."""
+    doc = (ROOT / "docs" / "cluster.md").read_text()
+    command = re.search(r"`python train\.py (hydra/launcher=slurm [^`]*--cfg hydra --resolve)`", doc).group(1).split()
+    args = [a for a in command if a != "..."]
+    args.insert(1, "hydra.launcher.partition=gpu")  # the "..." of the docs
+    logs_before = sorted((ROOT / "logs").rglob("*")) if (ROOT / "logs").exists() else []
+    cfg = yaml.safe_load(_hydra_cli(args, monkeypatch, capsys))
+    launcher = cfg["hydra"]["launcher"]
+    assert launcher["partition"] == "gpu" and launcher["additional_parameters"]["signal"] == "USR1@300"
+    assert "/runs/" in cfg["hydra"]["run"]["dir"] and "/multiruns/" in cfg["hydra"]["sweep"]["dir"]
+    logs_after = sorted((ROOT / "logs").rglob("*")) if (ROOT / "logs").exists() else []
+    assert logs_after == logs_before, "printing the config reserved a run folder"
+
+
+def test_help_lists_the_groups_a_user_picks_and_the_launchers(monkeypatch, capsys):
+    out = _hydra_cli(["--help"], monkeypatch, capsys)
+    groups = dict(line.split(": ", 1) for line in out.split("== Config ==")[0].splitlines() if ": " in line
+                  and not line.startswith(" "))
+    assert groups["hydra/launcher"] == "basic, local, slurm"
+    assert "seqaware_optuna" in groups["hydra/sweeper"]
+    for internal in ("experiment_base", "model/common", "eval", "prompts", "source"):
+        assert internal not in groups, f"{internal} is not a group a user picks"
+    assert "base" not in groups["data"].split(", ") and "default" not in groups["trainer"].split(", ")
+    assert groups["encoder"] == "clipvil, image, text, visualbert, visualbert_detector"
+    experiments = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+    assert groups["experiment"] == ", ".join(experiments)
+    assert "task_name: train" in out.split("== Config ==")[1]
 
 
 def test_slurm_sbatch_script_has_the_signal_and_requeue(tmp_path):
@@ -262,21 +319,30 @@ def test_local_submitit_sweep_two_runs(tmp_path, tiny_synthetic_dir, cache_dir):
 
 
 @pytest.mark.slow
-def test_multirun_with_ddp_makes_one_sweep_folder(tmp_path, tiny_synthetic_dir, cache_dir):
-    """-m with trainer=ddp (2 CPU processes): rank 1 runs the same job in the job's folder; no second
-    sweep folder and no stray run folder (seqaware.launch.pin_ddp_relaunch)."""
+def test_multirun_with_ddp_runs_every_job_as_it_runs_alone(tmp_path, tiny_synthetic_dir, cache_dir):
+    """-m with trainer=ddp (2 CPU processes, gloo), two jobs: rank 1 runs each job in the job's folder
+    (seqaware.launch.pin_ddp_relaunch: one sweep folder, no stray run folder), the second job launches
+    its own rank 1 (seqaware.launch.ddp_sweep_job), and its test metrics equal the same job run alone."""
+    import json
+
     logs = tmp_path / "logs"
-    res = _run([sys.executable, str(ROOT / "train.py"), "-m", "seed=1", "trainer=ddp", "trainer.accelerator=cpu",
-                "trainer.devices=2", *_tiny_train_args(cache_dir, logs)], cwd=tmp_path, timeout=600)
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", *_tiny_train_args(cache_dir, logs)]
+    res = _run([sys.executable, str(ROOT / "train.py"), "-m", "seed=1,2", *ddp], cwd=tmp_path, timeout=600)
     task = logs / "order_baseline"
     assert sorted(p.name for p in task.iterdir()) == ["multiruns"], list(task.rglob("*"))[:20]
     sweeps = list((task / "multiruns").iterdir())
     assert len(sweeps) == 1, sweeps
-    assert sorted(p.name for p in sweeps[0].iterdir() if p.is_dir()) == ["0"]
-    job = sweeps[0] / "0"
-    assert (job / "train_ddp_process_1.log").is_file(), "rank 1 did not run in the job's folder"
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in res.stderr + res.stdout
-    assert len((job / "predictions_test.jsonl").read_text().splitlines()) == 8
+    assert sorted(p.name for p in sweeps[0].iterdir() if p.is_dir()) == ["0", "1"]
+    assert (res.stderr + res.stdout).count("GLOBAL_RANK: 1, MEMBER: 2/2") == 2
+    for job in ("0", "1"):
+        folder = sweeps[0] / job
+        assert (folder / "train_ddp_process_1.log").is_file(), f"rank 1 did not run job {job} in its folder"
+        assert json.loads((folder / "run.json").read_text())["status"] == "finished"
+        assert len((folder / "predictions_test.jsonl").read_text().splitlines()) == 8
+
+    _run([sys.executable, str(ROOT / "train.py"), "seed=2", "run_name=alone", *ddp], cwd=tmp_path, timeout=600)
+    alone = json.loads((task / "runs" / "alone" / "test_metrics.json").read_text())
+    assert json.loads((sweeps[0] / "1" / "test_metrics.json").read_text()) == alone
 
 
 @pytest.mark.parametrize("launcher, pinned", [("basic", True), ("local", False)])
@@ -310,6 +376,56 @@ def test_pin_ddp_relaunch_points_at_the_job(tmp_path, monkeypatch, launcher, pin
         assert HydraConfig.get().run.dir == str(tmp_path / "sweep" / "0")
     else:
         assert sys.argv == ["train.py", "-m", "seed=3,4", "trainer=ddp"]
+
+
+def test_ddp_sweep_job_releases_the_ranks_and_resets_lightnings_state(tmp_path, monkeypatch):
+    """The end of a pinned sweep job: Lightning's watchdog is detached before the job's rank is killed
+    (else it would SIGKILL the process that runs the sweep), the rank's exit code is reported, and
+    LOCAL_RANK / WORLD_SIZE / MASTER_PORT are back to what they were, so the next job launches its ranks."""
+    import time
+
+    from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    import seqaware.launch as launch
+
+    sweep_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for rank 0
+    rank1 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    watchdog = _ChildProcessObserver(main_pid=sweep_process.pid, child_processes=[rank1], sleep_period=0.05)
+    watchdog.start()
+    monkeypatch.setattr(launch, "pin_ddp_relaunch", lambda: True)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    try:
+        with pytest.raises(ValueError, match="the job failed"):
+            with launch.ddp_sweep_job(rank_timeout_s=30) as pinned:
+                assert pinned
+                os.environ.update(LOCAL_RANK="0", WORLD_SIZE="2", MASTER_PORT="12345", MASTER_ADDR="10.0.0.1")
+                raise ValueError("the job failed")
+        assert rank1.poll() == -9, "the failed job's rank was not killed"
+        time.sleep(0.3)  # several watchdog polls
+        assert not watchdog.is_alive() and sweep_process.poll() is None, "the watchdog killed the sweep"
+        assert "LOCAL_RANK" not in os.environ and "MASTER_PORT" not in os.environ and "WORLD_SIZE" not in os.environ
+        assert os.environ["MASTER_ADDR"] == "127.0.0.1"
+    finally:
+        for proc in (sweep_process, rank1):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_rank_that_failed_fails_the_sweep_job(monkeypatch):
+    from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    import seqaware.launch as launch
+
+    rank1 = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    rank1.wait()
+    watchdog = _ChildProcessObserver(main_pid=os.getpid(), child_processes=[rank1], sleep_period=3600)
+    watchdog.start()  # sleeps; released before it looks
+    monkeypatch.setattr(launch, "pin_ddp_relaunch", lambda: True)
+    with pytest.raises(RuntimeError, match=r"\{1: 3\}"):
+        with launch.ddp_sweep_job():
+            pass
 
 
 @pytest.mark.parametrize("exit_code, requeued", [(128 + 10, True), (128 + 15, False), (1, False), (None, False)])

@@ -450,6 +450,16 @@ def test_mlm_balanced_per_step(p):
     assert torch.equal(tgt["mlm_labels"][selected], batch["input_ids"][selected])
 
 
+def test_mlm_never_masks_special_tokens_inside_a_step():
+    """[SEP] closing a step's text belongs to the step (text_step >= 0) but is a special token: with
+    mask_prob 1 every other token of the step is masked, the [SEP]s never."""
+    ids = torch.tensor([[CLS_ID, 11, 12, SEP_ID, 13, 14, SEP_ID, PAD_ID]])
+    batch = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]]),
+             "text_step": torch.tensor([[-1, 0, 0, 0, 1, 1, 1, -1]])}
+    _, tgt = make_mlm(1.0).corrupt(batch, gen(0))
+    assert tgt["mlm_labels"].tolist() == [[-100, 11, 12, -100, 13, 14, -100, -100]]
+
+
 def test_mlm_80_10_10():
     mlm = make_mlm(0.3)
     batch = make_batch(B=64, S=4, step_len=(10, 30), seed=5)

@@ -73,6 +73,140 @@ def test_run_name_and_job_ids_name_the_folder(tmp_path, monkeypatch):
         runs.new_run_dir(str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["exp/1", "../x", "..", ".hidden", "a..b", "/abs", "x y", "a\\b"])
+def test_run_name_must_be_one_folder_name(tmp_path, name):
+    with pytest.raises(Exception, match=r"run_name=.* is not a folder name.*no '/', no '\.\.'"):
+        _hydra_run_dir(f"paths.log_dir={tmp_path}", f"run_name='{name}'")
+    assert not (tmp_path / "train" / "runs").exists() or not any((tmp_path / "train" / "runs").iterdir())
+    assert not (tmp_path / "train" / "x").exists() and not (tmp_path / "x").exists()
+
+
+def test_run_name_may_hold_dots_dashes_and_equals(tmp_path):
+    name = "lr=1e-4_seed-2.v1"
+    assert _hydra_run_dir(f"paths.log_dir={tmp_path}", f"run_name='{name}'") == str(tmp_path / "train" / "runs" / name)
+
+
+def _hold_lock(folder: Path) -> subprocess.Popen:
+    """Another process that runs in ``folder`` (holds its lock) until killed."""
+    code = (f"import sys, time; from seqaware.runs import RunLock; lock = RunLock({str(folder)!r}).__enter__(); "
+            f"print('locked', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_process_in_the_same_run_folder_is_refused_and_a_killed_one_blocks_nothing(compose_train):
+    cfg = _short(compose_train, "trainer.fast_dev_run=true")
+    out = Path(cfg.paths.output_dir)
+    other = _hold_lock(out)
+    try:
+        with pytest.raises(runs.RunLockedError, match=rf"{out} is in use by another process \(pid {other.pid} on "):
+            train.run(cfg)
+        assert not (out / runs.RUN_STATE_FILE).exists() and not (out / "checkpoints").exists()
+    finally:
+        other.kill()  # SIGKILL: no clean-up runs in that process
+        other.wait()
+    train.run(cfg)  # the kernel released the killed process's lock
+    assert runs.read_state(out)["status"] == "finished"
+    with runs.RunLock(out):  # released at the end of the run
+        pass
+
+
+def test_ctrl_c_leaves_the_run_interrupted_and_resumable(compose_train, tmp_path):
+    """A real SIGINT mid-fit (Lightning turns the KeyboardInterrupt into sys.exit(1))."""
+    import signal
+
+    cfg = _short(compose_train, "test=false", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+                 *_signal_at(3, tmp_path / "signalled", "SIGINT"))  # epoch 1: epoch 0's last.ckpt exists
+    try:
+        with pytest.raises(SystemExit):
+            train.run(cfg)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning leaves SIGINT ignored
+    out = Path(cfg.paths.output_dir)
+    state = runs.read_state(out)
+    assert state["status"] == "interrupted" and state["signal"] == 2
+    assert state["checkpoint"] == str(out / "checkpoints" / "last.ckpt")
+    train.run(cfg)  # the same command resumes and finishes
+    assert runs.read_state(out)["status"] == "finished" and "error" not in runs.read_state(out)
+
+
+def test_an_exception_leaves_the_run_failed_with_the_error(compose_train):
+    cfg = _short(compose_train, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+                 "+callbacks.fail._target_=preempt_helpers.FailAtStep", "+callbacks.fail.step=1",
+                 "+callbacks.fail.message=bad batch 7")
+    with pytest.raises(RuntimeError, match="bad batch 7"):
+        train.run(cfg)
+    state = runs.read_state(cfg.paths.output_dir)
+    assert state["status"] == "failed" and state["error"] == "RuntimeError: bad batch 7" and state["failed_rank"] == 0
+
+
+def test_a_failing_ddp_rank_records_the_failure_unless_rank_0_did(tmp_path, monkeypatch):
+    """Under DDP a rank that raises takes rank 0 down (Lightning's watchdog kills it), so the rank writes
+    ``failed`` itself -- but never over what rank 0 recorded."""
+    out = tmp_path / "run"
+    out.mkdir()
+    runs.write_state(out, status="running")
+    monkeypatch.setenv("RANK", "1")
+    train._record_stop(out, RuntimeError("CUDA out of memory"), rank_zero=False)
+    state = runs.read_state(out)
+    assert (state["status"], state["error"], state["failed_rank"]) == ("failed", "RuntimeError: CUDA out of memory", 1)
+    monkeypatch.setenv("RANK", "0")
+    train._record_stop(out, ValueError("rank 0's own error"), rank_zero=True)
+    assert runs.read_state(out)["error"] == "ValueError: rank 0's own error"
+    monkeypatch.setenv("RANK", "1")
+    train._record_stop(out, RuntimeError("Connection closed by peer"), rank_zero=False)  # a consequence, not the cause
+    assert runs.read_state(out)["error"] == "ValueError: rank 0's own error"
+    train._record_stop(out, SystemExit(0), rank_zero=True)  # a clean exit is no failure
+    assert runs.read_state(out)["status"] == "failed"
+
+
+def test_a_bad_config_value_fails_the_run_naming_the_key(compose_train):
+    """trainer.max_steps=abc: an error naming the key before anything is built (Lightning's own is a bare
+    TypeError '<' not supported between 'str' and 'int'), recorded in run.json."""
+    cfg = _short(compose_train, "trainer.max_steps=abc")
+    with pytest.raises(ValueError, match=r"trainer\.max_steps='abc': Trainer\(max_steps=\.\.\.\) takes an integer"):
+        train.run(cfg)
+    assert runs.read_state(cfg.paths.output_dir)["status"] == "failed"
+    with pytest.raises(ValueError, match=r"data\.batch_size='x'"):
+        train.build(_short(compose_train, "data.batch_size=x"))
+
+
+# ------------------------------------------------------------------------------ latest:TASK/FILE
+def _finished_run(root: Path, name: str, finished_at: str, status: str = "finished", file: str = "encoder.pt") -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / file).write_text(name)
+    runs.write_state(folder, status=status, finished_at=finished_at)
+    return folder
+
+
+def test_latest_names_the_newest_finished_run_of_a_task(tmp_path):
+    task = tmp_path / "clipvil_pretrain"
+    _finished_run(task / "runs", "old", "2026-11-20T10:00:00+0000")
+    new = _finished_run(task / "multiruns" / "2026-11-21_00-00-00", "0", "2026-11-21T10:00:00+0000")  # a sweep job
+    _finished_run(task / "runs", "newer_but_running", "", status="running")
+    _finished_run(task / "runs", "newest_but_failed", "2026-11-22T10:00:00+0000", status="failed")
+    assert runs.resolve_latest("latest:clipvil_pretrain/encoder.pt", tmp_path) == str(new / "encoder.pt")
+    with pytest.raises(FileNotFoundError, match=r"latest:clipvil_pretrain/other\.pt: no finished run of task "
+                                                r"'clipvil_pretrain' under .* holds other\.pt \(2 finished"):
+        runs.resolve_latest("latest:clipvil_pretrain/other.pt", tmp_path)
+    with pytest.raises(FileNotFoundError, match="no finished run of task 'nothing'"):
+        runs.resolve_latest("latest:nothing/encoder.pt", tmp_path)
+    with pytest.raises(ValueError, match="expected latest:TASK/FILE"):
+        runs.resolve_latest("latest:clipvil_pretrain", tmp_path)
+
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"model": {"encoder": {"ckpt": "latest:clipvil_pretrain/encoder.pt", "name": "clipvil"}},
+                            "other": ["latest:clipvil_pretrain/encoder.pt"]})
+    OmegaConf.set_struct(cfg, True)
+    assert runs.resolve_latest_values(cfg, tmp_path) == {"model.encoder.ckpt": str(new / "encoder.pt"),
+                                                         "other.0": str(new / "encoder.pt")}
+    assert cfg.model.encoder.ckpt == str(new / "encoder.pt") and cfg.other[0] == str(new / "encoder.pt")
+
+
 # -------------------------------------------------------------------------- in-place resume
 def _csv_rows(path: Path) -> list[dict]:
     """The rows of a metrics.csv, without empty cells (the header grows when new keys are logged)."""
@@ -162,6 +296,26 @@ def test_resume_from_another_folder_keeps_best_checkpoint_tracking(compose_train
     assert tested == str(tmp_path / "b" / "checkpoints" / "best_epoch_000.ckpt"), tested
     assert read_test_metrics(tmp_path / "b") == read_test_metrics(tmp_path / "straight")
     assert (tmp_path / "a" / "checkpoints" / "best_epoch_000.ckpt").is_file()  # the source run is left as it was
+
+
+def test_resume_in_a_moved_run_folder_keeps_the_best_checkpoint(compose_train, tmp_path):
+    """A run interrupted in folder a, then moved to b and re-run there: the best checkpoint (epoch 0's:
+    lr=0 makes every epoch tie, and ties do not replace it) is still the one tested, from b."""
+    import shutil
+
+    frozen = ["model.optimizer.lr=0.0", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+              "trainer.limit_test_batches=1"]
+    first = _short(compose_train, *frozen, f"paths.output_dir={tmp_path / 'a'}", *_signal_at(3, tmp_path / "signalled"))
+    with pytest.raises(SystemExit):
+        train.run(first)  # stopped in epoch 1, after epoch 0's validation
+    assert (tmp_path / "a" / "checkpoints" / "best_epoch_000.ckpt").is_file()
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    moved = _short(compose_train, *frozen, f"paths.output_dir={tmp_path / 'b'}", *_signal_at(3, tmp_path / "signalled"))
+    train.run(moved)
+    state = runs.read_state(tmp_path / "b")
+    assert state["status"] == "finished"
+    assert state["tested_checkpoint"] == str(tmp_path / "b" / "checkpoints" / "best_epoch_000.ckpt")
+    assert not (tmp_path / "b" / "checkpoints" / "best_epoch_001.ckpt").exists()
 
 
 # ----------------------------------------------------------- end to end, as a user runs it

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from seqaware.checkpoint_io import (ALLOWED_TARGETS, AtomicCheckpointIO, UnsafeCheckpointError, check_targets,
+from seqaware.checkpoint_io import (ALLOWED_FUNCTIONS, AtomicCheckpointIO, UnsafeCheckpointError, check_targets,
                                     load_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,27 +67,93 @@ def test_resume_path_refuses_unsafe_targets_too(tmp_path):
         AtomicCheckpointIO().load_checkpoint(path)
 
 
-@pytest.mark.parametrize("target", ["torch.load", "torch.hub.load", "torch.optimizer_hack", "subprocess.Popen",
-                                    "transformers.AutoModel.from_pretrained", "pytorch_lightning.Trainer_x"])
-def test_targets_outside_the_allow_list_are_refused(target):
-    with pytest.raises(UnsafeCheckpointError):
+def test_attribute_path_to_torch_load_is_refused_before_the_crafted_file_is_unpickled(tmp_path):
+    """``seqaware.checkpoint_io.torch.load`` starts with an allowed package name but *is* torch.load: the
+    target is judged by the object it resolves to, and the file it would unpickle is never opened."""
+    from seqaware.modules.sequencing import PairwiseSequencingModule
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"payload": _RunsOnLoad(marker)}, evil)  # weights_only=False would create `marker`
+    path = _checkpoint_with_net(tmp_path, {"_target_": "seqaware.checkpoint_io.torch.load", "f": str(evil),
+                                           "weights_only": False})
+    with pytest.raises(UnsafeCheckpointError,
+                       match=r"(?s)evil\.ckpt.*seqaware\.checkpoint_io\.torch\.load.*'net\._target_'.*function torch"):
+        PairwiseSequencingModule.load_from_checkpoint(path)
+    assert not marker.exists(), "load_from_checkpoint unpickled the crafted file"
+
+
+def test_a_plain_function_of_the_project_is_refused(tmp_path):
+    """``seqaware.io.write_jsonl`` is defined in seqaware but is a function, not a class: refused, nothing written."""
+    from seqaware.modules.sequencing import PairwiseSequencingModule
+
+    out = tmp_path / "written.jsonl"
+    path = _checkpoint_with_net(tmp_path, {"_target_": "seqaware.io.write_jsonl", "path": str(out),
+                                           "records": [{"a": 1}]})
+    with pytest.raises(UnsafeCheckpointError, match=r"seqaware\.io\.write_jsonl.*'net\._target_'.*not a class"):
+        PairwiseSequencingModule.load_from_checkpoint(path)
+    assert not out.exists(), "load_from_checkpoint called seqaware.io.write_jsonl"
+
+
+@pytest.mark.parametrize("target", [
+    "torch.load", "torch.hub.load", "torch.optimizer_hack", "subprocess.Popen", "builtins.open", "os.system",
+    "transformers.AutoModel.from_pretrained", "pytorch_lightning.Trainer_x", "pytorch_lightning.Trainer",
+    "seqaware.checkpoint_io.torch.load",        # a third-party function reached through a project module
+    "seqaware.checkpoint_io.os.system",
+    "seqaware.modules.base.instantiate",         # hydra's instantiate, re-exported
+    "seqaware.io.write_jsonl", "seqaware.io.atomic_open", "data_modules.sources.synthetic_source",  # project functions
+    "seqaware.runs.write_state",
+    "seqaware.modules.base.nn.Linear",           # a torch class outside torch.optim
+    "torch.nn.Linear", "torch.optim.AdamW.step",  # a method of an allowed class
+    "hydra.utils.get_class", "seqaware.no_such_module.Thing", "seqaware..io", "",
+])
+def test_targets_outside_the_rule_are_refused(target):
+    with pytest.raises(UnsafeCheckpointError, match=r"'model\.layers\[0\]\._target_'"):
         check_targets({"model": {"layers": [{"_target_": target}]}})
 
 
-def test_get_class_path_is_checked():
-    check_targets({"_target_": "hydra.utils.get_class", "path": "transformers.models.qwen3.modeling_qwen3.Qwen3DecoderLayer"})
-    with pytest.raises(UnsafeCheckpointError, match="get_class"):
-        check_targets({"_target_": "hydra.utils.get_class", "path": "subprocess.Popen"})
+def test_a_non_string_target_is_refused():
+    with pytest.raises(UnsafeCheckpointError, match="dotted name"):
+        check_targets({"net": {"_target_": ["torch", "load"]}})
 
 
-def test_every_target_the_configs_use_is_allowed():
+@pytest.mark.parametrize("target", [
+    "seqaware.modules.sequencing.PairwiseSequencingModule", "seqaware.models.order_baseline.PairwiseOrderModel",
+    "decoders.berson.BersonDecoder", "seqaware.encoders.text.TextEncoder",
+    "torch.optim.AdamW", "torch.optim.lr_scheduler.StepLR", "seqaware.encoders.create_encoder",
+    "transformers.get_linear_schedule_with_warmup",  # the alias resolves to transformers.optimization's function
+    "seqaware.checkpoint_io.torch.optim.AdamW",       # a path through a module, to an allowed class
+])
+def test_project_classes_optimisers_and_listed_factories_are_allowed(target):
+    check_targets({"net": {"_target_": target}})
+
+
+def test_every_experiment_model_config_passes_the_rule():
+    """What a checkpoint's hyper-parameters hold is the model config (modules save their init args):
+    every experiment's, and those the hparams presets give, pass the rule."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from seqaware.config import to_plain
+
     seen = set()
-    for path in sorted((ROOT / "configs").rglob("*.yaml")):
-        for node in yaml.safe_load_all(path.read_text()):
-            check_targets(node, path)  # raises naming the file
-        seen.update(re.findall(r"_target_:\s*([\w.]+)", path.read_text()))
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            # every experiment; every hparams preset (they swap optimisers / schedules) on a pretraining
+            # and a fine-tuning experiment
+            runs = [[f"experiment={p.stem}"] for p in sorted((ROOT / "configs" / "experiment").glob("*.yaml"))]
+            runs += [[f"experiment={e}", f"hparams={p.stem}"] for e in ("clipvil_pretrain", "berson_finetune")
+                     for p in sorted((ROOT / "configs" / "hparams").glob("*.yaml"))]
+            for overrides in runs:
+                model = to_plain(compose("train.yaml", overrides=[*overrides, "paths.output_dir=/run"]).model)
+                model.pop("_target_")  # the module class itself: what load_from_checkpoint is called on
+                check_targets(model, " ".join(overrides))
+                seen.update(re.findall(r"'_target_': '([\w.]+)'", str(model)))
+    finally:
+        GlobalHydra.instance().clear()
     assert {"torch.optim.AdamW", "seqaware.encoders.create_encoder", "transformers.get_linear_schedule_with_warmup"} <= seen
-    assert "seqaware" in ALLOWED_TARGETS
+    assert "transformers.optimization.get_linear_schedule_with_warmup" in ALLOWED_FUNCTIONS
 
 
 def test_every_torch_load_in_the_project_is_weights_only():

@@ -11,7 +11,8 @@ from seqaware.metrics.coherence import (
     coherence_baselines, coherence_report, coherence_rows, coherence_scores, coherence_source_table, coherence_table,
     kendall_tau,
 )
-from seqaware.metrics.classification import binary_baselines, binary_report, binary_table
+from seqaware.metrics.classification import (align_labels, binary_baselines, binary_report, binary_table, choose_threshold,
+                                             majority_label, twin_consistency)
 from seqaware.metrics.iso import (implied_nondep_recall, iso_baselines, iso_report, iso_rows, iso_table,
                                   unparsable_consistency)
 from seqaware.metrics.teo import teo_baselines, teo_report, teo_rows, teo_table
@@ -288,6 +289,24 @@ def test_teo_random_and_majority_baselines_by_hand():
     assert majority["mateo_f1_before"] == majority["mateo_f1_after"] == 0.0
 
 
+def test_teo_majority_baseline_is_chosen_per_set_with_ties_to_before_after():
+    """Edges 0->1, 0->3, 2->3: each set holds 3 dependent and 3 independent pairs, a tie that goes to
+    the label listed first. The original set's majority is "before", the swapped set's "after" (its
+    dependent pairs are "after"): predicting the original's majority on the swapped set would score
+    0 consistency."""
+    sets = teo_eval_sets([_procedure("q", 4, dag=[(0, 1), (0, 3), (2, 3)])])
+    original, swapped = sets["original"], sets["swapped"]
+    assert sorted(p["label"] for p in original) == ["before"] * 3 + ["independent"] * 3
+    assert sorted(p["label"] for p in swapped) == ["after"] * 3 + ["independent"] * 3
+    majority = teo_baselines(original, swapped, seed=0)["majority"]
+    assert majority["accuracy_original"] == majority["accuracy_swapped"] == 0.5
+    assert majority["consistency_dependent"] == 1.0 and majority["consistency_independent"] == 0.0
+    assert majority["consistency_accuracy"] == 0.5
+    # before: tp 3, predicted 6, gold 3 -> 6/9; after likewise on the swapped set; independent never predicted
+    assert majority["mateo_f1_before"] == majority["mateo_f1_after"] == pytest.approx(2 / 3)
+    assert majority["f1_independent"] == 0.0
+
+
 # ---------------------------------------------------------------- COHERENCE
 @pytest.mark.parametrize("seed", range(5))
 def test_kendall_tau_matches_scipy(seed):
@@ -438,3 +457,47 @@ def test_iso_unparsable_rule_of_a_published_row_from_its_own_figures():
     # a NONDEP recall above what exclusion implies fits neither rule
     assert unparsable_consistency({"p": 0.86, "r": 0.75}, {"p": 0.78, "r": 0.95}) == {
         "exclude": False, "wrong": False, "implied_recall_NONDEP": pytest.approx(check["implied_recall_NONDEP"], abs=0.2)}
+
+
+def test_majority_label_ties_go_to_the_label_listed_first():
+    assert majority_label(["b", "a"], ("a", "b")) == "a" and majority_label(["b", "a"], ("b", "a")) == "b"
+    assert majority_label(["a", "b", "b"], ("a", "b")) == "b"           # no tie: the count decides
+    assert majority_label([], ("before", "after", "independent")) == "before"
+    assert "majority (DEP)" in iso_baselines(["DEP", "NONDEP", "NONDEP", "DEP"])
+    assert "majority (yes)" in binary_baselines(["no", "yes"])
+
+
+def test_coherence_overall_is_over_instances_when_domains_differ_in_size():
+    """Table 1's Overall weighs domains by their instances: 3 right WikiHow + 1 wrong Cooking = 3/4 (the
+    mean of the two domain means would be 1/2)."""
+    instances = [{"instance_id": f"i{k}", "candidates": ["a", "b"], "gold": [0, 1], "distractors": [],
+                  "difficulty": "easy", "source": source} for k, source in enumerate(["WikiHow"] * 3 + ["Cooking"])]
+    report = coherence_report(instances, [[0, 1], [0, 1], [0, 1], [1, 0]])
+    assert report["exact_match"] == pytest.approx(3 / 4) and report["partial_score"] == pytest.approx(3 / 4)
+    assert report["by_source"]["Cooking"]["exact_match"] == 0.0
+
+
+def test_metric_inputs_are_checked_with_a_message():
+    """Every input rule of the task metrics, its bad case."""
+    with pytest.raises(ValueError, match="unparsable must be one of exclude, wrong, got 'drop'"):
+        iso_report(["DEP"], ["DEP"], unparsable="drop")
+    with pytest.raises(ValueError, match=r"gold labels must be DEP or NONDEP, got \['YES'\]"):
+        iso_report(["DEP", "YES"], ["DEP", "DEP"])
+    with pytest.raises(TypeError, match="pred must be a mapping"):
+        align_labels({"a": "DEP"}, ["DEP"])
+    with pytest.raises(ValueError, match="gold and pred differ in length: 2 vs 1"):
+        align_labels(["DEP", "NONDEP"], ["DEP"])
+    with pytest.raises(ValueError, match="keys and answers differ in length: 2 vs 1"):
+        twin_consistency([1, 1], ["yes"])
+    with pytest.raises(ValueError, match="gold and scores differ in length"):
+        choose_threshold(["yes"], [0.1, 0.2])
+    with pytest.raises(ValueError, match="at least one scored question"):
+        choose_threshold([], [])
+    original, swapped = _fixed_teo_sets()
+    with pytest.raises(ValueError, match="same pairs, each once"):
+        teo_report(original, swapped[:-1], {}, {})
+    with pytest.raises(ValueError, match="same pairs, each once"):
+        teo_report(original, [*swapped[:-1], swapped[0]], {}, {})
+    stranger = teo_eval_sets([_procedure("z", 2, dag=[(0, 1)])])["swapped"][0]
+    with pytest.raises(ValueError, match="has no swapped counterpart"):
+        teo_report(original, [*swapped[:-1], stranger], {}, {})

@@ -47,6 +47,12 @@ QUESTION_CASES = [
     ("Yes", "other"),
     ("Yes No", "other"),
     ("The answer is: Before", "other"),
+    # one Yes and "I don't know": not the one-Yes-two-No pattern (MATEO section 3)
+    ("Q1: Yes\nQ2: No\nQ3: I don't know", "other"),
+    ("Q1: No\nQ2: I don't know\nQ3: Yes", "other"),
+    # unlabelled: exactly three yes/no words, no more
+    ("Yes\nNo\nNo\nYes", "other"),
+    ("No, No, Yes, No", "other"),
 ]
 
 
@@ -98,6 +104,10 @@ MATEO_CASES = [
      "Q3: The answer is: <Yes/No/I don't know>.", "other"),
     ("Q1: The answer is: Yes.\nQ2: The answer is: No.\nQ3: The answer is: No.\nQ2: The answer is: Yes.", "other"),
     ("The answer is: Yes.", "other"),
+    # the echoed <Yes/No/I don't know> template is no answer: it must not contradict the real "No"
+    ("Q1: The answer is: <Yes/No/I don't know>.\nQ1: The answer is: No.\nQ2: The answer is: Yes.\n"
+     "Q3: The answer is: No.", "after"),
+    ("Q1: The answer is: Yes.\nQ2: The answer is: No.\nQ3: The answer is: I don't know.", "other"),
 ]
 
 
@@ -266,6 +276,7 @@ def test_iso_unknown_strategy():
     ("```python\n[2, 0]\n```", [2, 0]),                          # a closing fence is not a line
     ("Image 2 then Image 0: [9, 9]\nso [2, 0]", [2, 0]),          # the last list of the last line
     ("[-1, 0]", [-1, 0]),
+    ("[9, 9] was my first guess; final: [2, 0]", [2, 0]),       # two lists on the last line: the last one
     ("[2, 0, 1]\nThat is my answer.", None),                      # the list is not on the last line
     ("The answer is 2, 0, 1", None),
     ("[a, b]", None), ("[]", None), ("", None), (None, None),

@@ -175,6 +175,22 @@ def test_twin_consistency_by_hand():
     assert twin_consistency(keys, answers) == {"twin_consistency": pytest.approx(2 / 3), "n_twins": 3}
 
 
+def test_twin_consistency_two_missing_answers_do_not_agree():
+    keys = [("p", 0, 1), ("p", 0, 1), ("p", 1, 2), ("p", 1, 2), ("p", 2, 3), ("p", 2, 3)]
+    answers = ["no", "no", None, None, None, "no"]
+    assert twin_consistency(keys, answers) == {"twin_consistency": pytest.approx(1 / 3), "n_twins": 3}
+    assert twin_consistency([], []) == {"twin_consistency": 0.0, "n_twins": 0}
+
+
+def test_threshold_boundary_and_ties():
+    # a score equal to the threshold answers yes: only t = 0.50 of the grid separates 0.50 from 0.49
+    assert choose_threshold(["yes", "no"], [0.5, 0.49]) == (pytest.approx(0.5), pytest.approx(1.0))
+    # every t in (0.1, 0.9] is perfect: the one closest to 0.5 is chosen
+    assert choose_threshold(["yes", "no"], [0.9, 0.1])[0] == pytest.approx(0.5)
+    # equally far from 0.5: the smaller threshold
+    assert choose_threshold(["yes", "no"], [0.9, 0.1], grid=[0.6, 0.4])[0] == pytest.approx(0.4)
+
+
 def test_threshold_is_chosen_for_the_metric():
     gold = ["yes", "yes", "no", "no", "no"]
     scores = [0.9, 0.35, 0.3, 0.1, 0.6]

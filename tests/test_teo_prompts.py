@@ -392,3 +392,58 @@ def test_coherence_template_is_verbatim_d1():
     ours = " ".join([t["header"].format(**slots), "{Image list}", t["footer"].format(**slots)])
     assert " ".join(ours.split()) == d1
     assert t["placeholder"] == "[IMAGE_PLACEHOLDER]" and "Image 0[Uncaptioned image] Image 1" in paper
+
+
+def test_step_texts_are_shown_stripped():
+    """A description with surrounding whitespace / a trailing newline (as read from data) is shown trimmed,
+    so the prompt (and its cache hash) does not depend on it."""
+    clean = build_teo_prompt("baseline", "text", {"text": "Mix the flour."}, {"text": "Knead the dough."})
+    padded = build_teo_prompt("baseline", "text", {"text": "  Mix the flour.\n"}, {"text": "\tKnead the dough.  "})
+    assert prompt_text(padded) == prompt_text(clean)
+    assert "Step A description: Mix the flour.\nStep B description: Knead the dough." in prompt_text(padded)
+    assert prompt_hash(padded) == prompt_hash(clean)
+
+
+def test_coherence_prompt_without_text_names_the_field():
+    with pytest.raises(ValueError, match=r"'p:coherence': field 'text' is empty or missing"):
+        build_coherence_prompt(dict(COH_INST, text="  "))
+    with pytest.raises(ValueError, match=r"placeholders \[1\], expected <image_1> .. <image_2>"):
+        build_coherence_prompt(dict(COH_INST, text="only <image_1> here"))
+
+
+def _prompt_files(tmp_path, name: str, edit) -> str:
+    """A prompts folder holding ``name``.yaml, the shipped file changed by ``edit(dict)``."""
+    import copy
+
+    import yaml
+
+    data = copy.deepcopy(load_templates(name))  # the cached shipped templates stay as they are
+    edit(data)
+    folder = tmp_path / "prompts"
+    folder.mkdir(parents=True)
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    return str(folder)
+
+
+def test_prompt_files_are_checked_naming_the_file_and_key(tmp_path):
+    """The rules on the template files themselves: a missing file, a file that is not a mapping, a layout
+    naming a piece the file lacks, a strategy without a layout, an unknown ISO image position."""
+    with pytest.raises(FileNotFoundError, match=r"prompt templates not found: .*nowhere/teo\.yaml"):
+        load_templates("teo", str(tmp_path / "nowhere"))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "teo.yaml").write_text("- just\n- a list\n")
+    with pytest.raises(ValueError, match=r"bad/teo\.yaml: expected a mapping at the top level, got list"):
+        load_templates("teo", str(tmp_path / "bad"))
+    step_a, step_b = {"text": "Mix."}, {"text": "Bake."}
+    folder = _prompt_files(tmp_path / "piece", "teo", lambda d: d["layouts"].update(baseline=[["no_such_piece"]]))
+    with pytest.raises(ValueError, match="names the piece 'no_such_piece'"):
+        build_teo_prompt("baseline", "text", step_a, step_b, prompts_dir=folder)
+    folder = _prompt_files(tmp_path / "layout", "teo", lambda d: d["layouts"].pop("cot"))
+    with pytest.raises(ValueError, match="has no layout 'cot'"):
+        build_teo_prompt("cot", "text", step_a, step_b, prompts_dir=folder)
+    folder = _prompt_files(tmp_path / "iso", "iso", lambda d: d.update(image_position="middle"))
+    with pytest.raises(ValueError, match="image_position must be 'first' or 'last', got 'middle'"):
+        build_iso_prompt("answer_only", ISO_INST, prompts_dir=folder)
+    folder = _prompt_files(tmp_path / "iso_last", "iso", lambda d: d.update(image_position="last"))
+    content = build_iso_prompt("answer_only", ISO_INST, prompts_dir=folder)[-1]["content"]
+    assert [item["type"] for item in content] == ["text", "image"]

@@ -251,3 +251,73 @@ def test_ddp_two_cpu_processes_one_run_folder(tmp_path, cache_dir):
     preds = [json.loads(line) for line in (runs[0] / "predictions_test.jsonl").read_text().splitlines()]
     assert len(preds) == TINY_SYNTHETIC["num_test"] == len({p["id"] for p in preds})
     assert res.stdout.count("TEST_METRICS_JSON") == 1
+
+
+def test_teo_pairs_read_prepared_jsonl_with_the_documented_override(compose_train, tiny_synthetic_dir):
+    """The JSONL override written in configs/data/teo_pairs.yaml works as written (D = the folder)."""
+    from hydra.utils import instantiate
+
+    doc = (ROOT / "configs" / "data" / "teo_pairs.yaml").read_text()
+    line = next(line for line in doc.splitlines() if "data.train_path=D/train.jsonl" in line)
+    overrides = [o.replace("D/", f"{tiny_synthetic_dir}/") for o in line.lstrip("# ").split()]
+    cfg = compose_train("experiment=teo_lora_internvl", "model=internvl_tiny", "data.modality=text", *overrides)
+    datamodule = instantiate(cfg.data)
+    assert datamodule.source.func.__name__ == "jsonl_source"
+    datamodule.setup("fit")
+    assert len(datamodule.datasets["train"]) > 0 and len(datamodule.datasets["val"]) > 0
+
+
+def _main(monkeypatch, *args: str):
+    """``python train.py ARGS`` in this process (Hydra's entry point, command line and all); returns
+    what ``main`` returns to a sweeper. --config-path: imported, train.py would look for its configs
+    as a Python package."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), f"--config-path={ROOT / 'configs'}", *args])
+    return train.main()
+
+
+@pytest.mark.slow  # a tiny InternVL fit and test
+def test_a_run_that_ends_before_the_first_validation_returns_no_value(tmp_path, cache_dir, monkeypatch):
+    """teo_lora_* returns optimized_metric to sweepers; trainer.max_steps below the first validation
+    logs none: the run is tested and finished, main returns None with a warning (exit code 0)."""
+    from conftest import TINY_SYNTHETIC
+
+    value = _main(monkeypatch, "experiment=teo_lora_internvl", "model=internvl_tiny", "trainer=cpu",
+                  "trainer.precision=32-true", "data.modality=text", "trainer.max_steps=1", "data.max_train_pairs=8",
+                  "data.max_eval_pairs=2", "data.eval_batch_size=2", "model.max_new_tokens=4",
+                  "trainer.num_sanity_val_steps=0", f"paths.cache_dir={cache_dir}",
+                  f"hydra.run.dir={tmp_path / 'run'}", "callbacks.progress_bar.refresh_rate=0",
+                  *[f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()])
+    assert value is None
+    assert "optimized_metric=val/teo_consistency_accuracy was not logged" in (tmp_path / "run" / "train.log").read_text()
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "finished"
+    assert (tmp_path / "run" / "test_metrics.json").is_file()
+
+
+@pytest.mark.slow  # two tiny pretraining + fine-tuning pairs: about 30 s
+def test_readme_main_job_runs_twice_in_one_clone(tmp_path, cache_dir, monkeypatch):
+    """The README's first command as written (parsed from README.md), with tiny-size overrides appended
+    to each stage, run twice: the second run is a new pair of runs, and its fine-tuning starts from the
+    second pretraining's encoder (latest:clipvil_pretrain/encoder.pt), not the first's."""
+    import shlex
+
+    from conftest import TINY_SYNTHETIC
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("pip install -r requirements.txt && python train.py"))
+    stages = [shlex.split(part) for part in line.split(" && ")[1:]]
+    assert [s[:2] for s in stages] == [["python", "train.py"]] * 2, line
+    tiny = [f"paths.log_dir={tmp_path / 'logs'}", f"paths.cache_dir={cache_dir}", "callbacks.progress_bar.refresh_rate=0",
+            f"model.encoder.config={TINY_BERT}", "data.collator.image_size=64", "trainer.max_steps=2",
+            "trainer.val_check_interval=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
+            "data.eval_batch_size=4", *[f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]]
+    for _ in range(2):
+        for stage in stages:  # `python train.py ARGS`, in this process (4 launches would import torch 4 times)
+            _main(monkeypatch, *stage[2:], *tiny)
+    pretrain = sorted((tmp_path / "logs" / "clipvil_pretrain" / "runs").iterdir())
+    finetune = sorted((tmp_path / "logs" / "berson_finetune" / "runs").iterdir())  # date_time_id: in start order
+    assert len(pretrain) == len(finetune) == 2
+    for first, second in (pretrain, finetune):
+        assert json.loads((first / "run.json").read_text())["status"] == "finished"
+        assert json.loads((second / "run.json").read_text())["status"] == "finished"
+    used = [json.loads((run / "run.json").read_text())["resolved"]["model.encoder.ckpt"] for run in finetune]
+    assert used == [str(run / "encoder.pt") for run in pretrain]
