@@ -20,6 +20,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import torch
 
 from data_modules.images import IMAGENET_MEAN, IMAGENET_STD, ImageLoadError, ImageTransform, open_rgb
@@ -90,9 +91,10 @@ class StepCollator:
 
             self.region_cache = RegionFeatureCache(region_features, max_regions=max_boxes)
 
-    def _image(self, item: ViewItem, step) -> tuple[torch.Tensor, bool, tuple[int, int] | None]:
+    def _image(self, item: ViewItem, step) -> tuple[np.ndarray, bool, tuple[int, int] | None]:
+        """The step's first image as a normalised (3, H, W) array, whether it is usable, its size."""
         if not step.images:
-            return self.transform.blank(), False, None
+            return self.transform.blank_array(), False, None
         path = self._image_path(item, step)
         try:
             img = open_rgb(path)
@@ -101,8 +103,8 @@ class StepCollator:
                 raise ImageLoadError(f"procedure {item.procedure_id}: {err} (set data.collator.missing_image=blank to use a blank image)") from err
             self.missing_images += 1
             log.warning("procedure %s: %s -> blank image (%d so far)", item.procedure_id, err, self.missing_images)
-            return self.transform.blank(), False, None
-        return self.transform(img), True, img.size
+            return self.transform.blank_array(), False, None
+        return self.transform.array(img), True, img.size
 
     @staticmethod
     def _image_path(item: ViewItem, step):
@@ -158,13 +160,13 @@ class StepCollator:
             batch["attention_mask"] = enc["attention_mask"].view(batch_size, num_steps, -1)
         if self.use_images:
             size = self.transform.size
-            pixels = torch.empty(batch_size, num_steps, 3, size, size)
+            pixels = np.empty((batch_size, num_steps, 3, size, size), dtype=np.float32)  # NumPy: see ImageTransform
             image_mask = torch.zeros(batch_size, num_steps, dtype=torch.bool)
             object_boxes = bool(self.max_boxes) and self.region_cache is None  # else max_boxes counts detector regions
             if object_boxes:
                 boxes = torch.zeros(batch_size, num_steps, self.max_boxes, 4)
                 box_mask = torch.zeros(batch_size, num_steps, self.max_boxes, dtype=torch.bool)
-            blank = self.transform.blank()
+            blank = self.transform.blank_array()
             for b, it in enumerate(items):
                 for s in range(num_steps):
                     if s >= len(it.steps):
@@ -178,7 +180,7 @@ class StepCollator:
                         kept /= torch.tensor([w, h, w, h], dtype=torch.float32)
                         boxes[b, s, : len(kept)] = kept.clamp(0, 1)
                         box_mask[b, s, : len(kept)] = True
-            batch["pixel_values"] = pixels
+            batch["pixel_values"] = torch.from_numpy(pixels)
             batch["image_mask"] = image_mask
             if self.region_cache is not None:
                 batch["visual_feats"], batch["patch_mask"] = self._region_features(items, image_mask)

@@ -1,55 +1,178 @@
 #!/usr/bin/env python
-"""Data-loading throughput: procedures per second through view + collator + DataLoader.
+"""Is the data loader ever the bottleneck?  Loader throughput against training-step throughput, per experiment.
 
-    python scripts/bench_data.py                       # synthetic default, 0 and 2 workers
-    python scripts/bench_data.py --workers 0 2 4 --image-size 224 --batches 40
+    python scripts/bench_data.py                                   # every CPU experiment, its own defaults
+    python scripts/bench_data.py --experiments berson_finetune clipvil_pretrain --batches 20 --steps 8
+    python scripts/bench_data.py --experiments order_baseline --workers 0 2 -- data.batch_size=32
 
-Prints, per worker count, procedures/s and batches/s over a full pass (or --batches batches),
-after one warm-up batch.
+For each experiment the config is composed exactly as ``python train.py experiment=NAME [OVERRIDES]``
+would compose it (its defaults, the data it names, ``trainer.precision`` as configured: ``auto_precision``
+picks bf16-mixed on a CPU with AMX / AVX512-BF16).  Then, in one process:
+
+* **loader**: batches/s of the training loader alone (view + collator + ``DataLoader`` with
+  ``data.num_workers``, or each ``--workers`` value), over ``--batches`` batches after one warm-up batch;
+* **step**: optimizer steps/s of ``Trainer.fit`` (forward, loss, backward, clipping, optimizer step),
+  timed between ``on_train_batch_start`` and ``on_train_batch_end`` so the loader's own time is left
+  out, over ``--steps`` steps after ``--warmup`` untimed ones; no validation;
+* **ratio** = loader batches/s / training steps/s: how many batches the loader makes in the time one
+  step takes.  With ``num_workers=0`` the loader runs between steps in the training process, so a
+  ratio r costs 1/r of the step time (r >= 5: at most 20%, the target of the speed issue).
+
+Experiments that need a GPU model from the hub (``teo_lora_internvl``, ``teo_lora_modalities``: the
+InternVL3.5-8B processor and weights) are listed as skipped on a machine without them; their data path
+is ``teo_lora_synthetic``'s.  Prints a table and one line ``BENCH_DATA_JSON [{...}, ...]``; ``--json``
+also writes the rows to a file.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from data_modules.datamodule import ProcedureDataModule  # noqa: E402
-from data_modules.sources import synthetic_source  # noqa: E402
+MARKER = "BENCH_DATA_JSON"
+HUB_ONLY = {"teo_lora_internvl": "InternVL3.5-8B processor and weights (hub; GPU)",
+            "teo_lora_modalities": "InternVL3.5-8B processor and weights (hub; GPU)"}
+TARGET_RATIO = 5.0
 
 
-def main() -> None:
+def experiments() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+
+
+def compose(experiment: str, overrides: Sequence[str], run_dir: Path) -> Any:
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import seqaware.config  # noqa: F401  (resolvers)
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = hydra_compose(config_name="train.yaml",
+                            overrides=[f"experiment={experiment}", f"paths.output_dir={run_dir}", *overrides])
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def loader_rate(datamodule: Any, batches: int) -> tuple[float, int]:
+    """Training-loader batches/s over ``batches`` batches after one warm-up batch (fewer if the epoch is shorter)."""
+    loader = datamodule.train_dataloader()
+    it = iter(loader)
+    next(it)  # worker start-up, tokenizer / processor load
+    count, start = 0, time.perf_counter()
+    for _ in it:
+        count += 1
+        if count >= batches:
+            break
+    return count / (time.perf_counter() - start), count
+
+
+def step_rate(cfg: Any, datamodule: Any, steps: int, warmup: int) -> float:
+    """Optimizer steps/s of ``Trainer.fit`` on the experiment's module, data time left out."""
+    import pytorch_lightning as pl
+    from hydra.utils import instantiate
+
+    class StepTimer(pl.Callback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self._start = 0.0
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            self.times.append(time.perf_counter() - self._start)
+
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    model = instantiate(cfg.model)
+    timer = StepTimer()
+    trainer = pl.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
+                         max_steps=warmup + steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+                         gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
+                         accumulate_grad_batches=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
+                         use_distributed_sampler=False)
+    trainer.fit(model, datamodule=datamodule)
+    timed = timer.times[warmup:]
+    if not timed:
+        raise RuntimeError(f"no timed training step (the epoch has {len(timer.times)} batches)")
+    return 1.0 / statistics.median(timed)
+
+
+def bench(experiment: str, overrides: Sequence[str], batches: int, steps: int, warmup: int,
+          workers: Optional[int], run_dir: Path) -> dict[str, Any]:
+    from hydra.utils import instantiate
+
+    extra = [*overrides] + ([f"data.num_workers={workers}"] if workers is not None else [])
+    cfg = compose(experiment, extra, run_dir)
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    loader_bps, measured = loader_rate(datamodule, batches)
+    steps_ps = step_rate(cfg, datamodule, steps, warmup)
+    return {"experiment": experiment, "batch_size": int(cfg.data.batch_size),
+            "num_workers": int(cfg.data.get("num_workers", 0)), "precision": str(cfg.trainer.precision),
+            "loader_batches_per_s": loader_bps, "loader_batches": measured, "train_steps_per_s": steps_ps,
+            "ratio": loader_bps / steps_ps, "ok": loader_bps / steps_ps >= TARGET_RATIO}
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| experiment | batch | workers | precision | loader batches/s | train steps/s | loader / step |",
+             "|---|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['experiment']} | | | | skipped: {r['skipped']} | | |")
+            continue
+        flag = "" if r["ok"] else f" (< {TARGET_RATIO:g})"
+        lines.append(f"| {r['experiment']} | {r['batch_size']} | {r['num_workers']} | {r['precision']} | "
+                     f"{r['loader_batches_per_s']:.2f} | {r['train_steps_per_s']:.2f} | {r['ratio']:.1f}{flag} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides: list[str] = []
+    if "--" in argv:
+        overrides = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache-dir", default=str(Path(__file__).resolve().parents[1] / ".cache" / "synthetic"))
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--batches", type=int, default=0, help="batches per measurement (0: one epoch)")
-    parser.add_argument("--task", default="sequencing", choices=["sequencing", "pretraining"])
-    args = parser.parse_args()
-
-    start = time.perf_counter()
-    source = lambda **kw: synthetic_source(cache_dir=args.cache_dir, **kw)  # noqa: E731
-    source()
-    print(f"synthetic data ready in {time.perf_counter() - start:.1f}s (generation time if not cached)")
-    for workers in args.workers:
-        dm = ProcedureDataModule(source, task=args.task, batch_size=args.batch_size, num_workers=workers,
-                                 collator={"image_size": args.image_size})
-        dm.setup("fit")
-        loader = dm.train_dataloader()
-        it = iter(loader)
-        next(it)  # warm-up: worker start, tokenizer load
-        count, batches, t0 = 0, 0, time.perf_counter()
-        for batch in it:
-            count += len(batch["meta"])
-            batches += 1
-            if args.batches and batches >= args.batches:
-                break
-        dt = time.perf_counter() - t0
-        print(f"workers={workers}: {count / dt:.1f} procedures/s, {batches / dt:.2f} batches/s "
-              f"(batch {args.batch_size}, images {args.image_size}px, {count} procedures in {dt:.1f}s)")
+    parser.add_argument("--experiments", nargs="+", default=["all"], help="experiment names, or all (default)")
+    parser.add_argument("--batches", type=int, default=20, help="timed loader batches (after one warm-up batch)")
+    parser.add_argument("--steps", type=int, default=6, help="timed training steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
+    parser.add_argument("--workers", type=int, nargs="+", default=None,
+                        help="data.num_workers values to measure (default: each experiment's own)")
+    parser.add_argument("--run-dir", type=Path, default=ROOT / "logs" / "bench_data", help="scratch output folder")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    names = experiments() if args.experiments == ["all"] else args.experiments
+    unknown = sorted(set(names) - set(experiments()))
+    if unknown:
+        parser.error(f"unknown experiments {unknown}; choose from {experiments()}")
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        if name in HUB_ONLY:
+            rows.append({"experiment": name, "skipped": HUB_ONLY[name]})
+            continue
+        for workers in args.workers or [None]:
+            start = time.perf_counter()
+            row = bench(name, overrides, args.batches, args.steps, args.warmup, workers, args.run_dir / name)
+            row["seconds"] = time.perf_counter() - start
+            rows.append(row)
+            print(f"{name}: loader {row['loader_batches_per_s']:.2f} batches/s, training {row['train_steps_per_s']:.2f} "
+                  f"steps/s, ratio {row['ratio']:.1f} ({row['seconds']:.0f} s)", flush=True)
+    print(table(rows))
+    print(f"{MARKER} {json.dumps(rows)}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1))
+    return rows
 
 
 if __name__ == "__main__":
