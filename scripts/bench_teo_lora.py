@@ -8,7 +8,8 @@ code with random weights (no download), directly on the device. Each example is 
 image_text shape: two images (one tile each: 256 image tokens per 448-px tile for 8b, 4 for tiny)
 plus ``--text-tokens`` text tokens, of which the last ``--answer-tokens`` are labelled. LoRA r16 /
 alpha 32 on the language model's q/k/v/o (as in configs/model/internvl.yaml); AdamW on the adapter.
-Prints examples/s, tokens/s and peak memory (GPU: max allocated; CPU: max resident set size).
+Prints examples/s, tokens/s and peak memory (GPU: max allocated; CPU: max resident set size);
+``--profile N`` the top operators of N more steps, ``--json`` the figures to a file.
 """
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--images", type=int, default=2, help="images (tiles) per example")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, profile N more steps and print the top operators (seqaware.profiling)")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--full-logits", action="store_true",
                     help="HF's loss over (B, T, vocabulary) logits instead of the answer-only head (the module's training loss)")
     args = ap.parse_args(argv)
@@ -142,6 +146,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"tokens/example {figures['tokens_per_example']:.0f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     print(f"examples/s {figures['examples_per_s']:.2f}  tokens/s {figures['tokens_per_s']:.0f}  "
           f"step {figures['step_s'] * 1000:.0f} ms  peak memory {peak_gb:.2f} GiB")
+    figures.update({"config": args.config, "device": where, "batch_size": args.batch_size, "bf16": args.bf16,
+                    "grad_ckpt": args.grad_ckpt, "images": args.images, "text_tokens": args.text_tokens})
+    if args.profile:
+        from seqaware.profiling import format_profile, profile_top
+
+        figures["profile"] = profile_top(step, args.profile, cuda=device.type == "cuda")
+        print(format_profile(figures["profile"]))
+    if args.json:
+        import json
+
+        from seqaware.io import atomic_open
+
+        with atomic_open(args.json, "w") as handle:
+            json.dump(figures, handle, indent=2)
     return figures
 
 
