@@ -14,7 +14,7 @@ import torch
 from data_modules.adapters.catbench import read_catbench
 from data_modules.catbench_plans import CatBenchPlansDataModule, check_disjoint, labelled_plans, plan_folds, plan_key
 from seqaware.metrics.classification import binary_report
-from seqaware.modules.teo_closure_head import (ClosureHead, HeadEnsemble, baseline_features, baseline_probs, fit_baseline,
+from seqaware.modules.teo_closure_head import (ClosureEnsemble, baseline_features, baseline_probs, fit_baseline,
                                                fold_scores, max_product_closure, pair_features, plan_tensors, summarise)
 
 STEPS = ["Preheat the oven.", "Mix flour and eggs.", "Pour the batter into a tin.", "Bake for 20 minutes.", "Serve."]
@@ -61,43 +61,51 @@ def test_closure_is_the_most_probable_chain_of_direct_dependencies():
 
 def test_direct_scores_the_real_forward_pairs_only():
     torch.manual_seed(0)
-    head = ClosureHead(8, step_dim=6, pair_hidden=5, dropout=0.0).eval()
+    ensemble = ClosureEnsemble(8, members=2, step_dim=6, pair_hidden=5).eval()
     steps, num_steps = torch.randn(2, 5, 8), torch.tensor([5, 3])
     mask = torch.arange(5)[None] < num_steps[:, None]
-    direct = head.direct(steps, mask, num_steps)
-    h = head.proj(steps)
+    direct = ensemble.direct(steps, mask, num_steps)
     feats = pair_features(num_steps, 5)
-    for k, a, b in itertools.product(range(2), range(5), range(5)):
-        if a < b < int(num_steps[k]):
-            x = torch.cat([h[k, a], h[k, b], h[k, a] * h[k, b], (h[k, a] - h[k, b]).abs(), feats[k, a, b]])
-            assert torch.allclose(direct[k, a, b], torch.sigmoid(head.mlp(x))[0], atol=1e-6)
+    for m, k, a, b in itertools.product(range(2), range(2), range(5), range(5)):
+        if a < b < int(num_steps[k]):     # member m's own linear layers, as torch.nn.Linear would apply them
+            h = lambda i: steps[k, i] @ ensemble.proj.weight[m] + ensemble.proj.bias[m, 0]  # noqa: E731
+            x = torch.cat([h(a), h(b), h(a) * h(b), (h(a) - h(b)).abs(), feats[k, a, b]])
+            hidden = torch.nn.functional.gelu(x @ ensemble.hidden.weight[m] + ensemble.hidden.bias[m, 0])
+            expected = torch.sigmoid(hidden @ ensemble.out.weight[m] + ensemble.out.bias[m, 0])[0]
+            assert torch.allclose(direct[m, k, a, b], expected, atol=1e-6)
         else:
-            assert direct[k, a, b] == 0
+            assert direct[m, k, a, b] == 0
+    assert not torch.allclose(direct[0], direct[1])                        # members start apart
     # pair features: (b - a)/n, a/n, b/n, sign, 1/|b - a|, b last, a first, n/20
     assert feats[1, 0, 2].tolist() == pytest.approx([2 / 3, 0, 2 / 3, 1, 0.5, 1, 1, 0.15])
 
 
 def test_both_presentations_of_a_pair_get_one_answer():
     torch.manual_seed(0)
-    ensemble = HeadEnsemble(8, members=2, step_dim=6, pair_hidden=5).eval()
+    ensemble = ClosureEnsemble(8, members=2, step_dim=6, pair_hidden=5).eval()
     steps, num_steps = torch.randn(2, 6, 8), torch.tensor([6, 4])
-    probs = ensemble(steps, torch.arange(6)[None] < num_steps[:, None], num_steps)
+    mask = torch.arange(6)[None] < num_steps[:, None]
+    probs = ensemble(steps, mask, num_steps)
     assert torch.equal(probs, probs.transpose(1, 2))                       # r(b, a) = r(a, b): twins agree
     assert torch.all(probs.diagonal(dim1=1, dim2=2) == 0) and probs.min() >= 0 and probs.max() <= 1
     assert torch.all(probs[1, 4:] == 0)                                    # padding steps answer nothing
+    assert torch.allclose(probs, ensemble.member_probs(steps, mask, num_steps).mean(0))
 
 
-def test_ensemble_trains_each_member_on_its_own_loss():
+def test_ensemble_members_train_on_their_own_losses():
     torch.manual_seed(0)
     plans = [{"labels": [(0, 2, "yes"), (1, 2, "no"), (0, 1, "no")]}, {"labels": [(0, 3, "yes"), (1, 3, "yes")], "source": "rfg"}]
     data = plan_tensors([torch.randn(3, 8), torch.randn(4, 8)], plans, rfg_weight=0.5)
     assert data["plan"].tolist() == [0, 0, 0, 1, 1] and data["target"].tolist() == [1, 0, 0, 1, 1]
     assert data["weight"].tolist() == [1, 1, 1, 0.5, 0.5] and data["mask"].tolist()[0] == [True] * 3 + [False]
-    ensemble = HeadEnsemble(8, members=2, step_dim=6, pair_hidden=5, dropout=0.0)
-    single = [HeadEnsemble(8, members=1) for _ in range(2)]
-    for one, head in zip(single, ensemble.heads):
-        one.heads[0] = head
-    assert torch.allclose(ensemble.loss(data), single[0].loss(data) + single[1].loss(data))
+    ensemble = ClosureEnsemble(8, members=2, step_dim=6, pair_hidden=5, dropout=0.0)
+    losses = ensemble.member_losses(data)
+    probs = ensemble.member_probs(data["steps"], data["mask"], data["num_steps"])[0, data["plan"], data["a"], data["b"]]
+    bce = torch.nn.functional.binary_cross_entropy(probs, data["target"], reduction="none")
+    assert torch.allclose(losses[0], (bce * data["weight"]).sum() / 4.0)   # weighted mean: weights sum to 4
+    losses[0].backward()                                                   # member 0's loss moves member 0 only
+    assert ensemble.proj.weight.grad[1].abs().sum() == 0 and ensemble.proj.weight.grad[0].abs().sum() > 0
+    ensemble.zero_grad()
     optimizer = torch.optim.AdamW(ensemble.parameters(), lr=1e-2)
     before = float(ensemble.loss(data).detach())
     for _ in range(30):
@@ -109,9 +117,9 @@ def test_ensemble_trains_each_member_on_its_own_loss():
 
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="closure must be one of"):
-        ClosureHead(8, closure="min")
+        ClosureEnsemble(8, closure="min")
     with pytest.raises(ValueError, match="members must be at least 1"):
-        HeadEnsemble(8, members=0)
+        ClosureEnsemble(8, members=0)
 
 
 # ---------------------------------------------------------------- folds and thresholds
@@ -252,3 +260,41 @@ def test_no_sample_plan_reaches_training_or_model_selection(shared_data):
     # testing on the training plans is refused
     with pytest.raises(ValueError, match="is also the training plan"):
         CatBenchPlansDataModule(str(data / "val_questions.jsonl"), str(data / "val_questions.jsonl")).setup()
+
+
+# ---------------------------------------------------------------- the recipe, end to end on tiny files
+def tiny_questions(path: Path, plans: range) -> Path:
+    rows = []
+    for p in plans:
+        steps = [f"plan {p} step {i}: " + " ".join(["stir the sauce"] * (1 + (i + p) % 3)) + "." for i in range(5)]
+        for i, (a, b) in enumerate(itertools.combinations(range(5), 2)):
+            label = "yes" if b == a + 1 or b == 4 else "no"
+            for direction in ("before", "after"):
+                rows.append(question(p, i, a, b, label, direction, steps=steps, title=f"plan {p}"))
+    return write(path, rows)
+
+
+def test_cross_validation_picks_the_setting_then_the_fit_trains_it(compose_train, tmp_path):
+    from conftest import TINY_BERT
+    import train
+
+    cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "data.extra_eval_paths={}",
+                        "data.cv_folds=3", "trainer.max_epochs=4", f"model.encoder.config={TINY_BERT}", "model.members=2",
+                        "model.cv_grid=[{closure: max},{closure: none, step_dim: 8}]")
+    datamodule, model, trainer = train.build(cfg)
+    trainer.fit(model, datamodule=datamodule)
+    cv = json.loads(Path(cfg.model.cv_file).read_text())
+    assert list(cv["rows"]) == ["closure=max", "closure=none, step_dim=8", "logistic regression"]
+    assert all(len(row["folds"]) == 3 for row in cv["rows"].values())
+    best = max(["closure=max", "closure=none, step_dim=8"], key=lambda n: cv["rows"][n]["macro_f1_mean"])
+    assert cv["winner_name"] == best and model.setting == cv["winner"]
+    assert float(model.decision_threshold) == pytest.approx(cv["oof_threshold"])
+    # the optimiser trained the winner's heads (cross-validation ran before it was built)
+    assert {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]} == {id(p) for p in model.ensemble.parameters()}
+    torch.manual_seed(cfg.seed)
+    fresh = model._build(model.setting)
+    assert not torch.allclose(fresh.proj.weight, model.ensemble.proj.weight)
+    assert all(not p.requires_grad for p in model.encoder.parameters())
+    trainer.test(model, datamodule=datamodule)
+    assert model.test_rows["catbench"]["closure head"]["twin_consistency"] == 1.0 and model.test_rows["catbench"]["closure head"]["n"] == 40

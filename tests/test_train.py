@@ -48,7 +48,8 @@ def _plan_head_catbench(cfg, metrics):
     assert 0.0 <= metrics["test/lr_baseline_macro_f1"] <= 1.0 and "test/cv_macro_f1_mean" in metrics
     out = Path(cfg.paths.output_dir)
     cv = json.loads((out / "cv_results.json").read_text())
-    assert len(cv["rows"]) == 2 and cv["winner"] in cv["settings"]            # one setting + the baseline row
+    assert list(cv["rows"]) == ["defaults", "logistic regression"] and cv["winner_name"] == "defaults"
+    assert len(cv["rows"]["defaults"]["folds"]) == 7 and cv["winner"] in cv["settings"]
     lines = [json.loads(line) for line in (out / "predictions_test.jsonl").read_text().splitlines()]
     assert len({(p["set"], p["id"]) for p in lines}) == len(lines) == 748 + 1404
 

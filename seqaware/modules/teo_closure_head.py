@@ -11,8 +11,7 @@ asked; docs/results/teo.md), so the model predicts *direct* dependencies and clo
    default) and mean-pooled over its tokens, ``[CLS]`` and ``[SEP]`` included (the pooling
    all-MiniLM-L6-v2 was trained with), then L2-normalised.  The encoder never trains, so every plan
    is encoded once per run (cached by its step texts).
-2. **Direct dependencies.**  ``h = Linear(Dropout(e))`` per step (optionally a small transformer over
-   the plan's steps, ``step_layers``), then for every pair ``a < b``
+2. **Direct dependencies.**  ``h = Linear(Dropout(e))`` per step, then for every pair ``a < b``
    ``d(a, b) = sigmoid(MLP([h_a, h_b, h_a * h_b, |h_a - h_b|, position features]))``; position
    features: those of the plan-aware head (:func:`seqaware.modules.teo_plan_head.pair_position_features`)
    plus "b is the last step", "a is the first step" and the plan length / 20.
@@ -30,7 +29,7 @@ Training: binary cross-entropy of ``r`` at every labelled pair, all training pla
 (``data.batch_size: null``), ``trainer.max_epochs`` steps of the optimiser (AdamW); pairs of r-FG
 plans (``source: rfg``, optional extra supervision) weigh ``rfg_weight``.
 
-**Model selection** (at the start of ``fit``, before any training step): every setting of
+**Model selection** (in ``setup("fit")``, before the optimiser is built): every setting of
 ``cv_grid`` (overrides of the head settings above) is trained on the training plans of each
 cross-validation fold (the data module's plan-level folds; a plan is never split) exactly as the
 final model is trained, and scored on the fold's held-out plans.  Each fold is answered at the
@@ -74,11 +73,11 @@ from seqaware.encoders.base import SequenceEncoder
 from seqaware.io import atomic_open
 from seqaware.metrics.classification import binary_report, binary_rows, choose_threshold, format_table, twin_consistency
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique
-from seqaware.modules.teo_plan_head import pair_position_features, sinusoidal_positions
+from seqaware.modules.teo_plan_head import pair_position_features
 
 log = logging.getLogger(__name__)
 
-HEAD_KEYS = ("step_dim", "step_layers", "step_heads", "pair_hidden", "dropout", "closure")
+HEAD_KEYS = ("step_dim", "pair_hidden", "dropout", "closure")
 CLOSURES = ("max", "none")
 NUM_PAIR_FEATURES = 8
 ROW_KEYS = (("accuracy", "accuracy"), ("precision_yes", "precision"), ("recall_yes", "recall"), ("f1_yes", "f1"),
@@ -115,66 +114,73 @@ def max_product_closure(direct: torch.Tensor) -> torch.Tensor:
     return reach
 
 
-class ClosureHead(nn.Module):
-    """Frozen step embeddings (B, S, H) -> (B, S, S) symmetric dependency probabilities (module docstring, 2-4)."""
+class MemberLinear(nn.Module):
+    """``members`` independent linear layers side by side: (M, N, fan_in) -> (M, N, fan_out), each
+    initialised as :class:`torch.nn.Linear` is (uniform in +-1/sqrt(fan_in))."""
 
-    def __init__(self, input_dim: int, step_dim: int = 64, step_layers: int = 0, step_heads: int = 4,
-                 pair_hidden: int = 64, dropout: float = 0.3, closure: str = "max"):
+    def __init__(self, members: int, fan_in: int, fan_out: int):
         super().__init__()
-        if closure not in CLOSURES:
-            raise ValueError(f"model.head.closure must be one of {list(CLOSURES)}, got {closure!r}")
-        self.step_dim, self.closure = step_dim, closure
-        self.proj = nn.Sequential(nn.Dropout(dropout), nn.Linear(input_dim, step_dim))
-        self.steps = None
-        if step_layers:
-            layer = nn.TransformerEncoderLayer(step_dim, step_heads, dim_feedforward=2 * step_dim, dropout=dropout,
-                                               batch_first=True, norm_first=True)
-            self.steps = nn.TransformerEncoder(layer, step_layers, enable_nested_tensor=False)
-        self.mlp = nn.Sequential(nn.Linear(4 * step_dim + NUM_PAIR_FEATURES, pair_hidden), nn.GELU(),
-                                 nn.Dropout(dropout), nn.Linear(pair_hidden, 1))
+        bound = 1 / math.sqrt(fan_in)
+        self.weight = nn.Parameter(torch.empty(members, fan_in, fan_out).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(members, 1, fan_out).uniform_(-bound, bound))
 
-    def direct(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
-        """(B, S, S) direct-dependency probabilities of the pairs ``a < b`` of each plan (0 elsewhere).
-        Only those pairs go through the MLP (about a sixth of the padded S x S grid for CaT-Bench)."""
-        B, S, _ = steps.shape
-        h = self.proj(steps)
-        if self.steps is not None:
-            h = self.steps(h + sinusoidal_positions(torch.arange(S, device=h.device), self.step_dim), src_key_padding_mask=~mask)
-        upper = torch.triu(mask[:, :, None] & mask[:, None, :], diagonal=1)
-        plan, a, b = upper.nonzero(as_tuple=True)
-        ha, hb = h[plan, a], h[plan, b]
-        feats = torch.cat([ha, hb, ha * hb, (ha - hb).abs(), pair_features(num_steps.to(h.device), S)[plan, a, b]], -1)
-        direct = h.new_zeros(B, S, S, dtype=torch.float32)
-        direct[plan, a, b] = torch.sigmoid(self.mlp(feats)[:, 0].float())
-        return direct
-
-    def forward(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
-        direct = self.direct(steps, mask, num_steps)
-        reach = max_product_closure(direct) if self.closure == "max" else direct
-        return reach + reach.transpose(1, 2)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
 
 
-class HeadEnsemble(nn.Module):
-    """``members`` :class:`ClosureHead` s; :meth:`forward` averages their probabilities, :meth:`loss` sums their losses."""
+class ClosureEnsemble(nn.Module):
+    """``members`` closure heads (module docstring, 2-5), computed side by side in one pass.
 
-    def __init__(self, input_dim: int, members: int = 3, **head: Any):
+    :meth:`member_probs` gives each member's (M, B, S, S) symmetric dependency probabilities,
+    :meth:`forward` their mean, :meth:`loss` the sum of the members' losses (their parameters are
+    disjoint, so each member trains exactly as it would alone).
+    """
+
+    def __init__(self, input_dim: int, members: int = 3, step_dim: int = 64, pair_hidden: int = 64,
+                 dropout: float = 0.3, closure: str = "max"):
         super().__init__()
         if members < 1:
             raise ValueError(f"model.members must be at least 1, got {members}")
-        self.heads = nn.ModuleList(ClosureHead(input_dim, **head) for _ in range(members))
+        if closure not in CLOSURES:
+            raise ValueError(f"model.head.closure must be one of {list(CLOSURES)}, got {closure!r}")
+        self.members, self.closure, self.dropout = members, closure, dropout
+        self.proj = MemberLinear(members, input_dim, step_dim)
+        self.hidden = MemberLinear(members, 4 * step_dim + NUM_PAIR_FEATURES, pair_hidden)
+        self.out = MemberLinear(members, pair_hidden, 1)
+
+    def direct(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
+        """(M, B, S, S) direct-dependency probabilities of the pairs ``a < b`` of each plan (0 elsewhere).
+        Only those pairs go through the pair MLP (about a sixth of the padded S x S grid for CaT-Bench)."""
+        B, S, H = steps.shape
+        M = self.members
+        x = F.dropout(steps.reshape(1, B * S, H).expand(M, -1, -1), self.dropout, self.training)  # a mask per member
+        h = self.proj(x).view(M, B, S, -1)
+        plan, a, b = torch.triu(mask[:, :, None] & mask[:, None, :], diagonal=1).nonzero(as_tuple=True)
+        ha, hb = h[:, plan, a], h[:, plan, b]
+        position = pair_features(num_steps.to(h.device), S)[plan, a, b].expand(M, -1, -1)
+        hidden = F.gelu(self.hidden(torch.cat([ha, hb, ha * hb, (ha - hb).abs(), position], -1)))
+        logits = self.out(F.dropout(hidden, self.dropout, self.training))[..., 0]
+        direct = h.new_zeros(M, B, S, S, dtype=torch.float32)
+        direct[:, plan, a, b] = torch.sigmoid(logits.float())
+        return direct
+
+    def member_probs(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
+        direct = self.direct(steps, mask, num_steps)
+        M, B, S, _ = direct.shape
+        reach = max_product_closure(direct.view(M * B, S, S)).view(M, B, S, S) if self.closure == "max" else direct
+        return reach + reach.transpose(-1, -2)
 
     def forward(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
-        return torch.stack([h(steps, mask, num_steps) for h in self.heads]).mean(0)
+        return self.member_probs(steps, mask, num_steps).mean(0)
+
+    def member_losses(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(M,) each member's weighted mean binary cross-entropy at the labelled pairs of ``data`` (:func:`plan_tensors`)."""
+        probs = self.member_probs(data["steps"], data["mask"], data["num_steps"])[:, data["plan"], data["a"], data["b"]]
+        bce = F.binary_cross_entropy(probs.clamp(1e-6, 1 - 1e-6), data["target"].expand_as(probs), reduction="none")
+        return (bce * data["weight"]).sum(-1) / data["weight"].sum().clamp(min=1e-9)
 
     def loss(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Summed over members: the weighted mean binary cross-entropy at the labelled pairs of ``data``
-        (:func:`pair_targets`)."""
-        total = data["steps"].new_zeros(())
-        for head in self.heads:
-            probs = head(data["steps"], data["mask"], data["num_steps"])[data["plan"], data["a"], data["b"]]
-            bce = F.binary_cross_entropy(probs.clamp(1e-6, 1 - 1e-6), data["target"], reduction="none")
-            total = total + (bce * data["weight"]).sum() / data["weight"].sum().clamp(min=1e-9)
-        return total
+        return self.member_losses(data).sum()
 
 
 # ---------------------------------------------------------------- data as tensors
@@ -254,13 +260,13 @@ def summarise(scores: Sequence[dict[str, float]]) -> dict[str, float]:
 
 # ---------------------------------------------------------------- the Lightning module
 class TeoClosureHeadModule(SeqawareModule):
-    """Frozen step encoder + :class:`HeadEnsemble`, settings chosen by plan-level cross-validation.
+    """Frozen step encoder + :class:`ClosureEnsemble`, settings chosen by plan-level cross-validation.
 
     Args:
         encoder: sequence-encoder config (``configs/encoder/*``); always frozen.
         optimizer: optimiser config of the heads (the same for the cross-validation fits).
-        head: :class:`ClosureHead` settings (``step_dim``, ``step_layers``, ``step_heads``, ``pair_hidden``,
-            ``dropout``, ``closure``); members: heads in the ensemble.
+        head: :class:`ClosureEnsemble` settings (``step_dim``, ``pair_hidden``, ``dropout``, ``closure``);
+            members: heads in the ensemble.
         cv_grid: settings to compare, each a dict overriding ``head`` (and/or ``members``,
             ``rfg_weight``); ``[]`` or null: no cross-validation, ``head`` as given.
         cv_metric: what the settings are chosen by (``macro_f1``, ``f1`` or ``accuracy``; mean over folds).
@@ -304,16 +310,15 @@ class TeoClosureHeadModule(SeqawareModule):
         self.ensemble = self._build(self.setting)
         self.register_buffer("decision_threshold", torch.tensor(0.5 if threshold == "cv" else float(threshold)))
         self._cache: dict[tuple[str, ...], torch.Tensor] = {}
-        self._restored = False
         self.baseline: Any = None
         self.cv_report: dict[str, Any] = {}
         self._eval_records: list[dict[str, Any]] = []
         self.test_predictions: list[dict] = []
         self.test_rows: dict[str, dict[str, dict[str, Any]]] = {}
 
-    def _build(self, setting: dict[str, Any]) -> HeadEnsemble:
-        return HeadEnsemble(self.encoder.hidden_size, members=int(setting["members"]),
-                            **{k: v for k, v in setting.items() if k in HEAD_KEYS})
+    def _build(self, setting: dict[str, Any]) -> ClosureEnsemble:
+        return ClosureEnsemble(self.encoder.hidden_size, members=int(setting["members"]),
+                               **{k: v for k, v in setting.items() if k in HEAD_KEYS})
 
     def frozen_modules(self) -> list[nn.Module]:
         return list(self.encoder.modules())
@@ -359,7 +364,7 @@ class TeoClosureHeadModule(SeqawareModule):
         return loss
 
     def _fit_heads(self, setting: dict[str, Any], plans: list[dict], embeddings: list[torch.Tensor], steps: int,
-                   seed: int) -> HeadEnsemble:
+                   seed: int) -> ClosureEnsemble:
         """Train a fresh ensemble of ``setting`` on ``plans`` as the fit trains the final one: all plans
         in one batch, ``steps`` optimiser steps of ``model.optimizer`` (global RNG left untouched)."""
         with torch.random.fork_rng(devices=[]):
@@ -376,16 +381,19 @@ class TeoClosureHeadModule(SeqawareModule):
         return ensemble.eval()
 
     @torch.no_grad()
-    def _predict(self, ensemble: HeadEnsemble, plans: list[dict], embeddings: list[torch.Tensor]) -> np.ndarray:
+    def _predict(self, ensemble: ClosureEnsemble, plans: list[dict], embeddings: list[torch.Tensor]) -> np.ndarray:
         data = plan_tensors(embeddings, plans)
         return ensemble(data["steps"], data["mask"], data["num_steps"])[data["plan"], data["a"], data["b"]].cpu().numpy()
 
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
+    def setup(self, stage: str) -> None:
+        """Before ``fit`` builds the optimiser: the baseline, and the cross-validation that sets the heads
+        (a fit resumed from a checkpoint keeps the setting that checkpoint chose)."""
+        if stage != "fit" or self.trainer is None:
+            return
         plans, embeddings = self._all_training_plans()
         if self.hparams.logistic_baseline:
             self.baseline = fit_baseline([e.cpu().numpy() for e in embeddings], plans, self.hparams.baseline_C)
-        if self.hparams.cv_grid and not self._restored:  # a resumed fit keeps the setting it chose
+        if self.hparams.cv_grid and not self.trainer.ckpt_path:
             self._cross_validate(plans, embeddings)
 
     def _cross_validate(self, plans: list[dict], embeddings: list[torch.Tensor]) -> None:
@@ -401,7 +409,10 @@ class TeoClosureHeadModule(SeqawareModule):
         rows: dict[str, dict[str, Any]] = {}
         oof: dict[str, list[tuple[list[str], np.ndarray]]] = {}
         seed = int(torch.initial_seed()) % (2 ** 31)
-        names = [json.dumps(s, sort_keys=True) for s in settings] + ([LR_ROW] if self.hparams.logistic_baseline else [])
+        names = [", ".join(f"{k}={v}" for k, v in s.items()) or "defaults" for s in self.hparams.cv_grid]
+        if len(set(names)) < len(names):
+            raise ValueError(f"model.cv_grid repeats a setting: {names}")
+        names += [LR_ROW] if self.hparams.logistic_baseline else []
         for name in names:
             oof[name] = []
         for r in range(repeats):
@@ -422,10 +433,11 @@ class TeoClosureHeadModule(SeqawareModule):
                                             for p, e in zip(held_plans, held_emb)])
                     per_fold[LR_ROW].append((gold, probs))
             for name in names:
-                scores = fold_scores(per_fold[name], self.hparams.cv_metric)
-                if name == LR_ROW:  # the baseline answers at 0.5, as shipped
+                if name == LR_ROW:  # the baseline answers at 0.5, as it does on the test questions
                     scores = [dict({k: float(binary_report(g, ["yes" if p >= 0.5 else "no" for p in pr])[k]) for k in CV_METRICS},
                                    threshold=0.5) for g, pr in per_fold[name]]
+                else:
+                    scores = fold_scores(per_fold[name], self.hparams.cv_metric)
                 rows.setdefault(name, {"folds": []})["folds"] += scores
                 oof[name] += per_fold[name]
         for name, row in rows.items():
@@ -442,8 +454,8 @@ class TeoClosureHeadModule(SeqawareModule):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.ensemble = self._build(self.setting).to(self.device)
-        self.trainer.strategy.setup_optimizers(self.trainer)  # the optimiser must hold the rebuilt heads
-        self.cv_report = {"settings": settings, "rows": rows, "winner": self.setting, "threshold": float(self.decision_threshold),
+        self.cv_report = {"settings": settings, "rows": rows, "winner": self.setting, "winner_name": winner,
+                          "threshold": float(self.decision_threshold),
                           "oof_threshold": tau, "metric": self.hparams.cv_metric, "repeats": repeats, "steps": steps}
         log.info("cross-validation over %d plan folds x %d repetition(s) (mean ± std over folds):\n%s\nchosen: %s, "
                  "threshold %.2f", len({p["folds"][0] for p in plans}), repeats, self.cv_table(), winner, float(self.decision_threshold))
@@ -474,7 +486,6 @@ class TeoClosureHeadModule(SeqawareModule):
                 self.setting = dict(saved["setting"])
                 self.ensemble = self._build(self.setting).to(self.device)
             self.cv_report = json.loads(saved["cv_report"])
-            self._restored = True
 
     # ------------------------------------------------------------ testing
     def on_test_epoch_start(self) -> None:
@@ -526,7 +537,7 @@ class TeoClosureHeadModule(SeqawareModule):
                                               "lr_answer": None if r["p_lr"] is None else ("yes" if r["p_lr"] >= 0.5 else "no"),
                                               "gold": q["answer"]})
         self.log("test/threshold", tau, sync_dist=False)
-        winner = self.cv_report.get("rows", {}).get(json.dumps(self.setting, sort_keys=True))
+        winner = self.cv_report.get("rows", {}).get(self.cv_report.get("winner_name"))
         if winner:
             self.log_dict({f"test/cv_{k}": float(winner[k]) for k in winner if k != "folds"}, sync_dist=False)
         baseline = self.cv_report.get("rows", {}).get(LR_ROW)
