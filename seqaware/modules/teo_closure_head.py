@@ -57,6 +57,7 @@ with a ``<set>/`` prefix for the other files.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -258,6 +259,20 @@ def summarise(scores: Sequence[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def cpu_threads(threads: Optional[int]):
+    """``torch.set_num_threads(threads)`` inside the block (nothing when None), the old number restored after."""
+    if threads is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 # ---------------------------------------------------------------- the Lightning module
 class TeoClosureHeadModule(SeqawareModule):
     """Frozen step encoder + :class:`ClosureEnsemble`, settings chosen by plan-level cross-validation.
@@ -275,6 +290,9 @@ class TeoClosureHeadModule(SeqawareModule):
         rfg_weight: weight of the pairs of r-FG plans (``data.rfg_path``) in the loss.
         logistic_baseline, baseline_C: the logistic-regression row (and its inverse regularisation).
         cv_file: where the cross-validation table is written as JSON (null: not written).
+        head_threads: CPU threads while the heads train (the cross-validation fits and the fit's steps;
+            the previous number is restored after): their tensors are tiny, and on a shared 2-core
+            CPU two threads made 50 steps 8x slower than one (docs/results/teo.md); null: leave torch's.
 
     Frozen parts: the encoder.
     """
@@ -282,7 +300,7 @@ class TeoClosureHeadModule(SeqawareModule):
     def __init__(self, encoder: dict, optimizer: dict, head: Optional[dict] = None, members: int = 3,
                  cv_grid: Optional[Sequence[dict]] = None, cv_metric: str = "macro_f1", threshold: Any = "cv",
                  rfg_weight: float = 1.0, logistic_baseline: bool = True, baseline_C: float = 1.0,
-                 cv_file: Optional[str] = None):
+                 cv_file: Optional[str] = None, head_threads: Optional[int] = 1):
         super().__init__()
         head = dict(head or {})
         unknown = sorted(set(head) - set(HEAD_KEYS))
@@ -300,7 +318,8 @@ class TeoClosureHeadModule(SeqawareModule):
         self.save_hyperparameters({"encoder": as_container(encoder), "optimizer": as_container(optimizer),
                                    "head": head, "members": members, "cv_grid": grid, "cv_metric": cv_metric,
                                    "threshold": threshold, "rfg_weight": rfg_weight,
-                                   "logistic_baseline": logistic_baseline, "baseline_C": baseline_C, "cv_file": cv_file})
+                                   "logistic_baseline": logistic_baseline, "baseline_C": baseline_C, "cv_file": cv_file,
+                                   "head_threads": head_threads})
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         if self.encoder.modality != "text":
             raise ValueError("the closure head embeds step texts: use a text encoder (model.encoder: text)")
@@ -310,6 +329,7 @@ class TeoClosureHeadModule(SeqawareModule):
         self.ensemble = self._build(self.setting)
         self.register_buffer("decision_threshold", torch.tensor(0.5 if threshold == "cv" else float(threshold)))
         self._cache: dict[tuple[str, ...], torch.Tensor] = {}
+        self._threads = torch.get_num_threads()
         self.baseline: Any = None
         self.cv_report: dict[str, Any] = {}
         self._eval_records: list[dict[str, Any]] = []
@@ -394,7 +414,16 @@ class TeoClosureHeadModule(SeqawareModule):
         if self.hparams.logistic_baseline:
             self.baseline = fit_baseline([e.cpu().numpy() for e in embeddings], plans, self.hparams.baseline_C)
         if self.hparams.cv_grid and not self.trainer.ckpt_path:
-            self._cross_validate(plans, embeddings)
+            with cpu_threads(self.hparams.head_threads):
+                self._cross_validate(plans, embeddings)
+
+    def on_train_start(self) -> None:
+        self._threads = torch.get_num_threads()
+        if self.hparams.head_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(int(self.hparams.head_threads))
+
+    def on_train_end(self) -> None:
+        torch.set_num_threads(self._threads)
 
     def _cross_validate(self, plans: list[dict], embeddings: list[torch.Tensor]) -> None:
         if getattr(self.trainer.datamodule, "batch_size", None) is not None:
