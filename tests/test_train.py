@@ -49,7 +49,7 @@ def _plan_head_catbench(cfg, metrics):
     out = Path(cfg.paths.output_dir)
     cv = json.loads((out / "cv_results.json").read_text())
     assert list(cv["rows"]) == ["defaults", "logistic regression"] and cv["winner_name"] == "defaults"
-    assert len(cv["rows"]["defaults"]["folds"]) == 7 and cv["winner"] in cv["settings"]
+    assert len(cv["rows"]["defaults"]["folds"]) == 3 and cv["winner"] in cv["settings"]
     lines = [json.loads(line) for line in (out / "predictions_test.jsonl").read_text().splitlines()]
     assert len({(p["set"], p["id"]) for p in lines}) == len(lines) == 748 + 1404
 
@@ -73,7 +73,7 @@ SMOKE = {
     "teo_head_synthetic": (["data.batch_size=8"], TEO, None),
     "teo_plan_head_rfg": (TINY_PLAN_HEAD, CATBENCH, _plan_head_rfg),
     "teo_plan_head_catbench": ([f"model.encoder.config={TINY_BERT}", "model.members=1", "model.cv_grid=[{}]",
-                                "data.eval_batch_size=32"],  # fast_dev_run tests one batch: all 26 test plans
+                                "data.cv_folds=3", "data.eval_batch_size=32"],  # fast_dev_run tests one batch: all 26 test plans
                                CATBENCH, _plan_head_catbench),
     "teo_plan_head_synthetic": (TINY_PLAN_HEAD, TEO, lambda cfg, m: 0.05 <= m["test/threshold"] <= 0.95),
     "teo_lora_internvl": (["model=internvl_tiny"], ("teo_consistency_accuracy",), _teo_lora),
