@@ -4,8 +4,8 @@ plan-level cross-validation (``experiment=teo_plan_head_catbench``).
 CaT-Bench (Lal et al., EMNLP 2024) asks of two steps ``first < second`` of a plan "must step *second*
 happen after step *first*?" (and the same pair the other way round, "... before ..."): whether the
 later step depends on the earlier one, directly or through other steps.  The labelled pairs of its
-validation split are transitively closed (every pair that two "yes" pairs imply is "yes" where it is
-asked; docs/results/teo.md), so the model predicts *direct* dependencies and closes them:
+validation split are transitively consistent (wherever two "yes" pairs imply a third pair and it is
+asked, it is "yes"; docs/results/teo.md), so the model predicts *direct* dependencies and closes them:
 
 1. **Step embeddings.**  Each step is encoded on its own by the frozen sentence encoder (MiniLM by
    default) and mean-pooled over its tokens, ``[CLS]`` and ``[SEP]`` included (the pooling
