@@ -195,7 +195,8 @@ class CatBenchPlansDataModule(pl.LightningDataModule):
             plan["folds"] = [draw[plan["plan_id"]] for draw in draws]
         test: list[dict[str, Any]] = []
         for name, path in [(TRAIN_SET, self.eval_path), *self.extra_eval_paths.items()]:
-            for plan in labelled_plans(questions := read_catbench(path), path):
+            questions = read_catbench(path)
+            for plan in labelled_plans(questions, path):
                 check_disjoint(train, [plan], f"data.eval_path / extra_eval_paths ({path})")
                 steps = tuple(plan["steps"])
                 pairs = [dict(q, set=name, plan_id=f"{name}:{plan['plan_id']}") for q in questions if tuple(q["steps"]) == steps]
