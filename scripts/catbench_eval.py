@@ -13,7 +13,9 @@ consistency (:func:`seqaware.metrics.classification.twin_consistency`: both ques
 (``invalid``: missing or unparsable, counted wrong) and ``n``.
 
 Answers file format (JSON lines, one answer per question; the ``predictions_test.jsonl`` that
-``train.py experiment=teo_head_rfg|teo_plan_head_rfg`` writes is one):
+``train.py experiment=teo_head_rfg|teo_plan_head_rfg|teo_plan_head_catbench`` writes is one;
+``teo_plan_head_catbench``'s also holds the logistic-regression baseline's answers: score them with
+``--answer-field lr_answer``):
 
 * the question: ``id`` as ``train.py`` writes it (``PLAN-QUESTION_TYPE-QUESTION_IDX``, see
   :func:`data_modules.adapters.catbench.question_id`), or the CaT-Bench fields

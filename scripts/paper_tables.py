@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The published tables of our four papers in their own layout, with our results beside them.
+"""The published tables of our papers in their own layout, with our results beside them.
 
     # every published table (markdown), nothing else
     python scripts/paper_tables.py --out tables.md
@@ -9,6 +9,8 @@
     python scripts/paper_tables.py --sequencing "CLIP-ViL+BERSON@recipeqa/multimodal=logs/run1/test_metrics.json"
     # ISO-Bench Table 1, COHERENCE Tables 1-2 with our eval_teo results
     python scripts/paper_tables.py --iso logs/eval_teo/*/iso_*.json --coherence logs/eval_teo/*/coherence_*.json
+    # CaT-Bench Table 2 with a CaT-Bench run of train.py (experiment=teo_plan_head_catbench)
+    python scripts/paper_tables.py --catbench "closure head=logs/teo_plan_head_catbench/runs/RUN/test_metrics.json"
 
 Published numbers come from ``configs/paper_results.yaml`` (``--published``), checked row by row
 against :data:`SPECS` (an error names the file, paper, table, row and field). Without result files
@@ -39,6 +41,12 @@ Our inputs and the paper columns they fill:
 * ``--coherence``: eval_teo COHERENCE results: Exact/Partial (Kendall) = ``exact_match``,
   ``partial_score`` x100, overall and per key of ``by_difficulty`` (Table 2) and ``by_source``
   (Table 1; domain names matched case-insensitively).
+
+* ``--catbench NAME=PATH``: a CaT-Bench run's test metrics (``PATH`` as for ``--sequencing``): P, R,
+  F1 of "yes", Acc and macro F1 = ``catbench_precision_yes``, ``catbench_recall_yes``,
+  ``catbench_f1_yes``, ``catbench_accuracy``, ``catbench_macro_f1`` (row "NAME (ours)"), and the same
+  keys with the prefixes ``lr_baseline``, ``always_yes``, ``always_no`` for the logistic-regression
+  baseline and the trivial rows the run logs. The published rows print only F1 (see the table's notes).
 
 With ``--out`` the markdown is written there and every table's rows (ours included) to
 ``<out>.json``.
@@ -115,7 +123,8 @@ class TableSpec:
         return [f"{g}.{m.key}" for g, _ in self.groups for m in self.metrics]
 
 
-PAPER_NAMES = {"wu2022": "Wu et al. 2022", "mateo": "MATEO", "iso_bench": "ISO-Bench", "coherence": "COHERENCE"}
+PAPER_NAMES = {"wu2022": "Wu et al. 2022", "mateo": "MATEO", "iso_bench": "ISO-Bench", "coherence": "COHERENCE",
+               "catbench": "CaT-Bench"}
 SEQ_DATASETS = (("wikihow", "WikiHow"), ("recipeqa", "RecipeQA"))
 SEQ_MODALITIES = {"image": "Image-Only", "text": "Text-Only", "multimodal": "Multimodal"}
 OBJECTIVES = ("MLM", "ISP", "PISP", "SMRM")
@@ -137,6 +146,9 @@ _SUBSET = Label("subset", "Subset", ("single", "multi", "all"), show={"single": 
 _HUMAN = Label("human", kind="bool", default=False)
 _TEST_FRACTION = Label("test_fraction", kind="fraction", default=1.0)
 _TEO_COLUMNS = tuple(Metric(s, TEO_STRATEGY_HEADERS[s], 0, 1) for s in STRATEGIES)
+CATBENCH_SETTINGS = ("A", "A+E", DASH)        # DASH: not prompted (a trained model, a trivial row)
+_CATBENCH_COLUMNS = (Metric("p", "P", 0, 1), Metric("r", "R", 0, 1), Metric("f1", "F1", 0, 1),
+                     Metric("acc", "Acc", 0, 1), Metric("macro_f1", "macro F1", 0, 1))
 
 
 def _seq_heading(row: Mapping[str, Any]) -> str:
@@ -217,6 +229,11 @@ SPECS: dict[tuple[str, str], TableSpec] = {(s.paper, s.name): s for s in (
               (Metric("exact", "Exact", 0, 100, percent=True), Metric("kendall", "Kendall", 0, 100, percent=True)),
               (("easy", "Easy"), ("medium", "Medium"), ("hard", "Hard"), ("overall", "Overall")),
               lambda row: COHERENCE_GROUPS.get(row["group"], row["group"])),
+    # CaT-Bench (Lal et al., EMNLP 2024): its own section (catbench_rows, --catbench)
+    TableSpec("catbench", "Table 2", "Step Order Prediction on the test questions: P / R / F1 of 'dependent' (yes); "
+              "accuracy and macro F1 beside them (A: answer only; A+E: answer, then explain)", "catbench",
+              (Label("model", "Model"), Label("setting", "Setting", CATBENCH_SETTINGS)),
+              _CATBENCH_COLUMNS),
 )}
 
 
@@ -729,6 +746,39 @@ def coherence_rows(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str]
     return {key: list(rows.values()) for key, rows in out.items()}
 
 
+# ---------------------------------------------------------------- CaT-Bench
+CATBENCH_SYSTEMS = (("catbench", "{name} (ours)"), ("lr_baseline", "logistic regression, frozen MiniLM (ours)"),
+                    ("always_yes", "always yes (ours)"), ("always_no", "always no (ours)"))
+"""Metric-key prefix of each row a CaT-Bench run logs (``test/<prefix>_<metric>``) and its row name."""
+_CATBENCH_KEYS = {"p": "precision_yes", "r": "recall_yes", "f1": "f1_yes", "acc": "accuracy", "macro_f1": "macro_f1"}
+
+
+def parse_catbench_spec(spec: str) -> tuple[str, Path]:
+    """``NAME=PATH`` (a CaT-Bench run's test metrics) -> (name, path)."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"--catbench {spec!r}: expected NAME=PATH (PATH: a run's test_metrics.json or log)")
+    return name, Path(path)
+
+
+def catbench_rows(runs: Sequence[tuple[str, Mapping[str, float]]]) -> dict[tuple[str, str], list[dict]]:
+    """Our rows of CaT-Bench Table 2 from runs' test metrics (``catbench_*`` = the run's model, then the
+    logistic-regression baseline and the trivial rows when the run logged them, each once); setting '-'."""
+    rows: dict[str, dict] = {}
+    for name, metrics in runs:
+        found = False
+        for prefix, title in CATBENCH_SYSTEMS:
+            if f"{prefix}_f1_yes" not in metrics:
+                continue
+            found = True
+            model = title.format(name=name)
+            rows.setdefault(model, {"model": model, "setting": DASH,
+                                    **{col: _raw(_number(metrics.get(f"{prefix}_{key}"))) for col, key in _CATBENCH_KEYS.items()}})
+        if not found:
+            raise SystemExit(f"--catbench {name}: the metrics hold no CaT-Bench scores (no 'catbench_f1_yes')")
+    return {("catbench", "Table 2"): list(rows.values())}
+
+
 # ---------------------------------------------------------------- command line
 def build(published: Mapping[str, Any], ours: Mapping[tuple[str, str], Sequence[dict]], kinds: set[str] | None
           ) -> tuple[str, dict[str, Any]]:
@@ -754,6 +804,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--iso", nargs="+", action="extend", default=[], metavar="JSON", help="eval_teo ISO result JSONs")
     parser.add_argument("--coherence", nargs="+", action="extend", default=[], metavar="JSON",
                         help="eval_teo COHERENCE result JSONs")
+    parser.add_argument("--catbench", nargs="+", action="extend", default=[], metavar="NAME=PATH",
+                        help="a CaT-Bench run's test metrics (test_metrics.json or its log)")
     parser.add_argument("--published", default=str(DEFAULT_PUBLISHED), help="published results YAML")
     parser.add_argument("--out", type=Path, help="write the tables here (markdown) and <out>.json")
     args = parser.parse_args(argv)
@@ -774,6 +826,9 @@ def main(argv: Sequence[str] | None = None) -> str:
     if args.coherence:
         ours.update(coherence_rows(load_results(args.coherence, "coherence")))
         kinds.add("coherence")
+    if args.catbench:
+        ours.update(catbench_rows([(n, read_metrics(p)) for n, p in map(parse_catbench_spec, args.catbench)]))
+        kinds.add("catbench")
     text, data = build(load_published(args.published), ours, kinds or None)
     print(text)
     if args.out:

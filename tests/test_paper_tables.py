@@ -50,7 +50,7 @@ def paper_text(name: str) -> str:
 # ---------------------------------------------------------------- the published file
 def test_every_table_present_with_its_source_comment():
     expected = {"wu2022": ["Table 2", "Table 3", "Table 4", "Table 10"], "mateo": ["Table 2", "Table 3", "Table 4"],
-                "iso_bench": ["Table 1"], "coherence": ["Table 1", "Table 2"]}
+                "iso_bench": ["Table 1"], "coherence": ["Table 1", "Table 2"], "catbench": ["Table 2"]}
     assert {p: [t["name"] for t in e["tables"]] for p, e in PUBLISHED.items()} == expected
     assert set(pt.SPECS) == {(p, n) for p, names in expected.items() for n in names}
     counts = {(p, t["name"]): len(t["rows"]) for p, e in PUBLISHED.items() for t in e["tables"]}
@@ -58,9 +58,10 @@ def test_every_table_present_with_its_source_comment():
     assert counts == {("wu2022", "Table 2"): 12, ("wu2022", "Table 3"): 7, ("wu2022", "Table 4"): 12,
                       ("wu2022", "Table 10"): 6, ("mateo", "Table 2"): 4, ("mateo", "Table 3"): 21,
                       ("mateo", "Table 4"): 9, ("iso_bench", "Table 1"): 19, ("coherence", "Table 1"): 19,
-                      ("coherence", "Table 2"): 19}
+                      ("coherence", "Table 2"): 19, ("catbench", "Table 2"): 4}
     text = pt.DEFAULT_PUBLISHED.read_text(encoding="utf-8")
-    sources = {"wu2022": "Wu et al. 2022", "mateo": "MATEO", "iso_bench": "ISO-Bench", "coherence": "COHERENCE"}
+    sources = {"wu2022": "Wu et al. 2022", "mateo": "MATEO", "iso_bench": "ISO-Bench", "coherence": "COHERENCE",
+               "catbench": "CaT-Bench"}
     for paper, names in expected.items():
         for name in names:
             # a comment naming paper and table sits right above the table (comment lines may follow it)
@@ -371,7 +372,7 @@ def test_published_tables_in_the_papers_layout(tmp_path):
     out = tmp_path / "tables.md"
     text = pt.main(["--out", str(out)])
     assert out.read_text(encoding="utf-8") == text
-    assert text.count("\n### ") + text.startswith("### ") == 10
+    assert text.count("\n### ") + text.startswith("### ") == 11
     lines = text.splitlines()
     # Wu Table 2: row groups by modality, WikiHow before RecipeQA, six metrics each
     assert "| Encoders | Sequence-aware Pretraining | WikiHow Acc↑ | WikiHow PMR↑ | WikiHow Lq↑ | WikiHow Lr↑ | WikiHow τ↑ | " \
@@ -397,7 +398,7 @@ def test_published_tables_in_the_papers_layout(tmp_path):
     assert "| Gemini-3.1-pro-preview-thinking | 81.27 | 92.44 | 61.85 | 87.68 | 29.09 | 79.45 | 71.82 | 90.11 |" in lines
     assert lines.count("| **Closed-Source Models** |" + "  |" * 10) == 1
     data = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
-    assert [(t["paper"], t["name"]) for t in data["tables"]][-1] == ("coherence", "Table 2")
+    assert [(t["paper"], t["name"]) for t in data["tables"]][-1] == ("catbench", "Table 2")
 
 
 def _write(path: Path, obj) -> Path:
@@ -568,3 +569,30 @@ def test_iso_published_rows_say_which_rule_for_unparsable_replies_they_fit():
     assert only_wrong.count("R NONDEP") == 4 and "Qwen2.5-VL E->A (R NONDEP 0.26; excluding them implies 0.70-0.72)" in only_wrong
     excluded = notes["- consistent with excluding them (App. H)"]
     assert "4o A" in excluded and "Qwen2.5-VL A" in excluded and "Sonnet E->A" in excluded and "Sonnet A" not in excluded
+
+
+# ---------------------------------------------------------------- CaT-Bench
+def test_catbench_published_rows_printed_as_stored():
+    """The four figures the CaT-Bench paper quotes (abstract, Sec. 4), with model and prompt setting."""
+    assert [(r["model"], r["setting"], r["f1"]) for r in table("catbench", "Table 2")] == [
+        ("GPT-3.5-turbo", "A", 0.59), ("GPT-4-turbo", "A", 0.58), ("GPT-4o", "A", 0.49), ("Gemini-1.5-pro", "A+E", 0.73)]
+    lines = pt.main([]).splitlines()
+    i = lines.index("| Model | Setting | P | R | F1 | Acc | macro F1 |")
+    assert lines[i + 2:i + 6] == ["| GPT-3.5-turbo | A | n/a | n/a | 0.59 | - | - |", "| GPT-4-turbo | A | n/a | n/a | 0.58 | - | - |",
+                                  "| GPT-4o | A | n/a | n/a | 0.49 | - | - |", "| Gemini-1.5-pro | A+E | n/a | n/a | 0.73 | - | - |"]
+
+
+def test_catbench_rows_from_a_run(tmp_path):
+    metrics = {f"test/{prefix}_{key}": value for prefix, value in (("catbench", 0.8125), ("lr_baseline", 0.5), ("always_yes", 0.25))
+               for key in ("precision_yes", "recall_yes", "f1_yes", "accuracy", "macro_f1")}
+    run = _write(tmp_path / "test_metrics.json", metrics)
+    lines = pt.main(["--catbench", f"closure head={run}"]).splitlines()
+    i = lines.index("| Gemini-1.5-pro | A+E | n/a | n/a | 0.73 | - | - |")
+    assert lines[i + 1:i + 4] == ["| closure head (ours) | - | 0.81 | 0.81 | 0.81 | 0.81 | 0.81 |",
+                                  "| logistic regression, frozen MiniLM (ours) | - | 0.50 | 0.50 | 0.50 | 0.50 | 0.50 |",
+                                  "| always yes (ours) | - | 0.25 | 0.25 | 0.25 | 0.25 | 0.25 |"]
+    assert sum(line.startswith("### ") for line in lines) == 1           # only the CaT-Bench table
+    with pytest.raises(SystemExit, match="no CaT-Bench scores"):
+        pt.main(["--catbench", f"x={_write(tmp_path / 'other.json', {'test/acc': 0.5})}"])
+    with pytest.raises(SystemExit, match="expected NAME=PATH"):
+        pt.main(["--catbench", "no-path"])

@@ -42,6 +42,18 @@ def _plan_head_rfg(cfg, metrics):
     assert len({json.loads(line)["id"] for line in lines}) == len(lines) == int(metrics["test/n"])
 
 
+def _plan_head_catbench(cfg, metrics):
+    assert metrics["test/catbench_twin_consistency"] == metrics["test/all_pairs/catbench_twin_consistency"] == 1.0
+    assert metrics["test/n"] == 748 and metrics["test/all_pairs/n"] == 1404      # the paper's questions, then all pairs
+    assert 0.0 <= metrics["test/lr_baseline_macro_f1"] <= 1.0 and "test/cv_macro_f1_mean" in metrics
+    out = Path(cfg.paths.output_dir)
+    cv = json.loads((out / "cv_results.json").read_text())
+    assert list(cv["rows"]) == ["defaults", "logistic regression"] and cv["winner_name"] == "defaults"
+    assert len(cv["rows"]["defaults"]["folds"]) == 3 and cv["winner"] in cv["settings"]
+    lines = [json.loads(line) for line in (out / "predictions_test.jsonl").read_text().splitlines()]
+    assert len({(p["set"], p["id"]) for p in lines}) == len(lines) == 748 + 1404
+
+
 def _teo_lora(cfg, metrics):
     assert cfg.callbacks.model_checkpoint.monitor == "val/teo_consistency_accuracy"
     assert metrics["test/teo_num_pairs"] >= 1 and "val/teo_consistency_accuracy" in metrics
@@ -63,6 +75,9 @@ SMOKE = {
     "teo_head_rfg": (["data.batch_size=8", *TINY_TEXT], CATBENCH, None),
     "teo_head_synthetic": (["data.batch_size=8", *TINY_TEXT], TEO, None),
     "teo_plan_head_rfg": (TINY_PLAN_HEAD, CATBENCH, _plan_head_rfg),
+    "teo_plan_head_catbench": ([f"model.encoder.config={TINY_BERT}", "model.members=1", "model.cv_grid=[{}]",
+                                "data.cv_folds=3", "data.eval_batch_size=32"],  # fast_dev_run tests one batch: all 26 test plans
+                               CATBENCH, _plan_head_catbench),
     "teo_plan_head_synthetic": (TINY_PLAN_HEAD, TEO, lambda cfg, m: 0.05 <= m["test/threshold"] <= 0.95),
     "teo_lora_internvl": (["model=internvl_tiny", *SHORT_ANSWERS], ("teo_consistency_accuracy",), _teo_lora),
     "teo_lora_modalities": (["model=internvl_tiny", "data.modality=text", *SHORT_ANSWERS], ("teo_consistency_accuracy",), _teo_lora),
@@ -71,7 +86,8 @@ SMOKE = {
 # slow: the full suite (CI) runs them; the fast loop (-m "not slow") skips the longest smoke runs
 MARKS = {"berson_roc": [pytest.mark.shared_data, pytest.mark.slow], "berson_finetune": [pytest.mark.slow],
          "teo_lora_modalities": [pytest.mark.slow], "teo_head_rfg": [pytest.mark.shared_data, pytest.mark.slow],
-         "teo_plan_head_rfg": [pytest.mark.shared_data], "clipvil_pretrain": [pytest.mark.slow],
+         "teo_plan_head_rfg": [pytest.mark.shared_data], "teo_plan_head_catbench": [pytest.mark.shared_data],
+         "clipvil_pretrain": [pytest.mark.slow],
          "visualbert_pretrain": [pytest.mark.slow], "clip_image_pretrain": [pytest.mark.slow],
          "teo_lora_synthetic": [pytest.mark.slow]}
 # extra overrides beyond the tiny world (test_wu2022_preset reuses them)

@@ -165,7 +165,7 @@ def read_catbench(path: str | Path) -> list[dict[str, Any]]:
     Each item keeps the presented pair (``text_a`` / ``text_b``: a question about (first, second)
     with direction ``before`` is presented as (first, second), with ``after`` as (second, first)), the gold
     ``answer``, ``direction``, and the whole plan (``steps``, 0-based ``first`` / ``second`` step
-    indices, ``plan_idx``) for plan-aware models (:mod:`data_modules.teo_plans`).
+    indices, ``plan_idx``, ``title``) for plan-aware models (:mod:`data_modules.teo_plans`).
 
     Every line is checked as :func:`convert` checks it (:func:`check_question`: a JSON object, UTF-8,
     ``steps`` a list of strings, integer step indices inside it, yes/no label, before/after
@@ -192,7 +192,8 @@ def read_catbench(path: str | Path) -> list[dict[str, Any]]:
         a, b = (first, second) if direction == "before" else (second, first)
         items.append({"pair_id": qid, "text_a": q["steps"][a], "text_b": q["steps"][b], "direction": direction,
                       "answer": label, "plan": q.get("efg_recipe_id"), "question_type": q.get("question_type"),
-                      "steps": list(q["steps"]), "first": first, "second": second, "plan_idx": q.get("plan_idx")})
+                      "steps": list(q["steps"]), "first": first, "second": second, "plan_idx": q.get("plan_idx"),
+                      "title": q.get("title")})
     log.raise_if_any()
     if not items:
         raise ValueError(f"data.eval_path={path}: the file holds no CaT-Bench questions")

@@ -1,0 +1,574 @@
+"""A step-dependency head for CaT-Bench trained on CaT-Bench's own labels, its settings chosen by
+plan-level cross-validation (``experiment=teo_plan_head_catbench``).
+
+CaT-Bench (Lal et al., EMNLP 2024) asks of two steps ``first < second`` of a plan "must step *second*
+happen after step *first*?" (and the same pair the other way round, "... before ..."): whether the
+later step depends on the earlier one, directly or through other steps.  The labelled pairs of its
+validation split are transitively consistent (wherever two "yes" pairs imply a third pair and it is
+asked, it is "yes"; docs/results/teo.md), so the model predicts *direct* dependencies and closes them:
+
+1. **Step embeddings.**  Each step is encoded on its own by the frozen sentence encoder (MiniLM by
+   default) and mean-pooled over its tokens, ``[CLS]`` and ``[SEP]`` included (the pooling
+   all-MiniLM-L6-v2 was trained with), then L2-normalised.  The encoder never trains, so every plan
+   is encoded once per run (cached by its step texts).
+2. **Direct dependencies.**  ``h = Linear(Dropout(e))`` per step, then for every pair ``a < b``
+   ``d(a, b) = sigmoid(MLP([h_a, h_b, h_a * h_b, |h_a - h_b|, position features]))``; position
+   features: those of the plan-aware head (:func:`seqaware.modules.teo_plan_head.pair_position_features`)
+   plus "b is the last step", "a is the first step" and the plan length / 20.
+3. **Closure** (``closure: max``).  ``r(a, b) = max over step paths a = k_0 < k_1 < ... < k_m = b of
+   prod_i d(k_i, k_i+1)``: the most probable chain of direct dependencies, by repeated squaring in the
+   (max, x) semiring (``ceil(log2 S)`` products; :func:`max_product_closure`).  ``closure: none``
+   answers from ``d`` alone.
+4. **Answer.**  The matrix is symmetric (``r(b, a) = r(a, b)``), so both questions about a pair,
+   "before" and "after", get the same answer: twin consistency 1 by construction.  Yes when
+   ``r >= threshold``.
+5. **Ensemble.**  ``members`` heads from different initialisations trained side by side (disjoint
+   parameters, summed losses: each trains exactly as it would alone), their ``r`` averaged.
+
+Training: binary cross-entropy of ``r`` at every labelled pair, all training plans in one batch
+(``data.batch_size: null``), ``trainer.max_epochs`` steps of the optimiser (AdamW); pairs of r-FG
+plans (``source: rfg``, optional extra supervision) weigh ``rfg_weight``.
+
+**Model selection** (in ``setup("fit")``, before the optimiser is built): every setting of
+``cv_grid`` (overrides of the head settings above) is trained on the training plans of each
+cross-validation fold (the data module's plan-level folds; a plan is never split) exactly as the
+final model is trained, and scored on the fold's held-out plans.  Each fold is answered at the
+threshold chosen (macro F1, :func:`~seqaware.metrics.classification.choose_threshold`) on the
+out-of-fold probabilities of the *other* folds, so no plan picks its own threshold.  The setting with
+the best mean ``cv_metric`` over folds wins; ``threshold: cv`` then takes the threshold chosen on all
+its out-of-fold probabilities (a number fixes it).  The module is rebuilt with that setting and the
+fit trains it on all training plans.  The table (mean and spread over folds of every setting, the
+logistic-regression baseline included) is logged and written to ``cv_file``, and the winner's row is
+logged with the test metrics (``test/cv_*``).
+
+**Logistic-regression baseline** (``logistic_baseline: true``): scikit-learn's
+``LogisticRegression`` on the same frozen embeddings of the *presented* pair ``(u, v)``: ``e_u, e_v,
+e_u * e_v, |e_u - e_v|``, relative positions ``u / (n - 1)``, ``v / (n - 1)``, gap ``|v - u| / n``,
+"v is the last step", plan length ``n / 20`` and the direction ``sign(v - u)``; trained on both
+presentations of every labelled pair of the CaT-Bench training plans; a question is answered from
+the mean probability of its pair's two presentations (so its twins agree too), yes at 0.5.  It is
+cross-validated on the same folds and reported as a row of every table.
+
+Test: per question file (``set``), accuracy, precision / recall / F1 of "yes", macro F1 and twin
+consistency of the head, the baseline and the always-yes / always-no rows
+(:func:`~seqaware.metrics.classification.binary_rows`); logged as ``test/catbench_*``,
+``test/lr_baseline_*``, ``test/always_yes_*``, ``test/always_no_*`` for ``data.eval_path`` and
+with a ``<set>/`` prefix for the other files.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from hydra.utils import get_class, instantiate
+from torch import nn
+
+from seqaware.encoders.base import SequenceEncoder
+from seqaware.io import atomic_open
+from seqaware.metrics.classification import binary_report, binary_rows, choose_threshold, format_table, twin_consistency
+from seqaware.modules.base import SeqawareModule, as_container, gather_unique
+from seqaware.modules.teo_plan_head import pair_position_features
+
+log = logging.getLogger(__name__)
+
+HEAD_KEYS = ("step_dim", "pair_hidden", "dropout", "closure")
+CLOSURES = ("max", "none")
+NUM_PAIR_FEATURES = 8
+ROW_KEYS = (("accuracy", "accuracy"), ("precision_yes", "precision"), ("recall_yes", "recall"), ("f1_yes", "f1"),
+            ("macro_f1", "macro_f1"), ("twin_consistency", "twin_consistency"))
+TABLE_COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R yes"), ("f1", "F1 yes"),
+                 ("macro_f1", "macro F1"), ("twin_consistency", "twin consistency"), ("n", "n"))
+CV_METRICS = ("f1", "macro_f1", "accuracy")
+MODEL_ROW = "closure head"
+LR_ROW = "logistic regression"
+
+
+# ---------------------------------------------------------------- the head
+def pair_features(num_steps: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, S, S, 8) features of the pair (a, b): :func:`pair_position_features` (5) plus b is the
+    last step, a is the first step, plan length / 20."""
+    base = pair_position_features(num_steps, size)
+    idx = torch.arange(size, device=num_steps.device)
+    n = num_steps.to(base.device)[:, None, None]
+    last = (idx[None, None, :] == n - 1).float().expand(-1, size, -1)
+    first = (idx[None, :, None] == 0).float().expand(len(num_steps), -1, size)
+    length = (n.float() / 20).expand(-1, size, size)
+    return torch.cat([base, last[..., None], first[..., None], length[..., None]], -1)
+
+
+def max_product_closure(direct: torch.Tensor) -> torch.Tensor:
+    """(B, S, S) direct-dependency probabilities (``[a, b]`` for ``a < b``; the rest is ignored) ->
+    ``r[a, b]`` = the largest product of ``direct`` along a path ``a < k_1 < ... < b`` (upper
+    triangle; zero elsewhere), by repeated squaring in the (max, x) semiring."""
+    size = direct.shape[-1]
+    reach = torch.triu(direct, diagonal=1)
+    for _ in range(max(1, math.ceil(math.log2(max(size - 1, 1))))):
+        two = (reach[:, :, :, None] * reach[:, None, :, :]).amax(dim=2)     # best path through one middle step
+        reach = torch.maximum(reach, two)
+    return reach
+
+
+class MemberLinear(nn.Module):
+    """``members`` independent linear layers side by side: (M, N, fan_in) -> (M, N, fan_out), each
+    initialised as :class:`torch.nn.Linear` is (uniform in +-1/sqrt(fan_in))."""
+
+    def __init__(self, members: int, fan_in: int, fan_out: int):
+        super().__init__()
+        bound = 1 / math.sqrt(fan_in)
+        self.weight = nn.Parameter(torch.empty(members, fan_in, fan_out).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(members, 1, fan_out).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class ClosureEnsemble(nn.Module):
+    """``members`` closure heads (module docstring, 2-5), computed side by side in one pass.
+
+    :meth:`member_probs` gives each member's (M, B, S, S) symmetric dependency probabilities,
+    :meth:`forward` their mean, :meth:`loss` the sum of the members' losses (their parameters are
+    disjoint, so each member trains exactly as it would alone).
+    """
+
+    def __init__(self, input_dim: int, members: int = 3, step_dim: int = 64, pair_hidden: int = 64,
+                 dropout: float = 0.3, closure: str = "max"):
+        super().__init__()
+        if members < 1:
+            raise ValueError(f"model.members must be at least 1, got {members}")
+        if closure not in CLOSURES:
+            raise ValueError(f"model.head.closure must be one of {list(CLOSURES)}, got {closure!r}")
+        self.members, self.closure, self.dropout = members, closure, dropout
+        self.proj = MemberLinear(members, input_dim, step_dim)
+        self.hidden = MemberLinear(members, 4 * step_dim + NUM_PAIR_FEATURES, pair_hidden)
+        self.out = MemberLinear(members, pair_hidden, 1)
+
+    def direct(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
+        """(M, B, S, S) direct-dependency probabilities of the pairs ``a < b`` of each plan (0 elsewhere).
+        Only those pairs go through the pair MLP (about a sixth of the padded S x S grid for CaT-Bench)."""
+        B, S, H = steps.shape
+        M = self.members
+        x = F.dropout(steps.reshape(1, B * S, H).expand(M, -1, -1), self.dropout, self.training)  # a mask per member
+        h = self.proj(x).view(M, B, S, -1)
+        plan, a, b = torch.triu(mask[:, :, None] & mask[:, None, :], diagonal=1).nonzero(as_tuple=True)
+        ha, hb = h[:, plan, a], h[:, plan, b]
+        position = pair_features(num_steps.to(h.device), S)[plan, a, b].expand(M, -1, -1)
+        hidden = F.gelu(self.hidden(torch.cat([ha, hb, ha * hb, (ha - hb).abs(), position], -1)))
+        logits = self.out(F.dropout(hidden, self.dropout, self.training))[..., 0]
+        direct = h.new_zeros(M, B, S, S, dtype=torch.float32)
+        direct[:, plan, a, b] = torch.sigmoid(logits.float())
+        return direct
+
+    def member_probs(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
+        direct = self.direct(steps, mask, num_steps)
+        M, B, S, _ = direct.shape
+        reach = max_product_closure(direct.view(M * B, S, S)).view(M, B, S, S) if self.closure == "max" else direct
+        return reach + reach.transpose(-1, -2)
+
+    def forward(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
+        return self.member_probs(steps, mask, num_steps).mean(0)
+
+    def member_losses(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(M,) each member's weighted mean binary cross-entropy at the labelled pairs of ``data`` (:func:`plan_tensors`)."""
+        probs = self.member_probs(data["steps"], data["mask"], data["num_steps"])[:, data["plan"], data["a"], data["b"]]
+        bce = F.binary_cross_entropy(probs.clamp(1e-6, 1 - 1e-6), data["target"].expand_as(probs), reduction="none")
+        return (bce * data["weight"]).sum(-1) / data["weight"].sum().clamp(min=1e-9)
+
+    def loss(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.member_losses(data).sum()
+
+
+# ---------------------------------------------------------------- data as tensors
+def plan_tensors(embeddings: Sequence[torch.Tensor], plans: Sequence[dict[str, Any]], rfg_weight: float = 1.0
+                 ) -> dict[str, torch.Tensor]:
+    """Padded step embeddings (B, S, H), step mask, ``num_steps`` and the labelled pairs of ``plans``
+    (``plan``, ``a``, ``b`` indices, ``target`` 1/0, ``weight``: ``rfg_weight`` for r-FG plans, else 1)."""
+    B, S, H = len(embeddings), max(len(e) for e in embeddings), embeddings[0].shape[-1]
+    steps = embeddings[0].new_zeros(B, S, H)
+    for k, emb in enumerate(embeddings):
+        steps[k, :len(emb)] = emb
+    num_steps = torch.tensor([len(e) for e in embeddings], device=steps.device)
+    rows = [(k, a, b, 1.0 if y == "yes" else 0.0, rfg_weight if plan.get("source") == "rfg" else 1.0)
+            for k, plan in enumerate(plans) for a, b, y in plan.get("labels", ())]
+    cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
+    long = lambda v: torch.tensor(v, dtype=torch.long, device=steps.device)  # noqa: E731
+    return {"steps": steps, "mask": torch.arange(S, device=steps.device)[None] < num_steps[:, None],
+            "num_steps": num_steps, "plan": long(cols[0]), "a": long(cols[1]), "b": long(cols[2]),
+            "target": torch.tensor(cols[3], dtype=torch.float32, device=steps.device),
+            "weight": torch.tensor(cols[4], dtype=torch.float32, device=steps.device)}
+
+
+# ---------------------------------------------------------------- the logistic-regression baseline
+def baseline_features(emb: np.ndarray, u: int, v: int) -> np.ndarray:
+    """Features of the presented pair (u, v) of a plan with L2-normalised step embeddings ``emb`` (n, H)."""
+    n = len(emb)
+    eu, ev = emb[u], emb[v]
+    position = [u / max(n - 1, 1), v / max(n - 1, 1), abs(v - u) / n, float(v == n - 1), n / 20, float(np.sign(v - u))]
+    return np.concatenate([eu, ev, eu * ev, np.abs(eu - ev), position])
+
+
+def fit_baseline(embeddings: Sequence[np.ndarray], plans: Sequence[dict[str, Any]], C: float = 1.0) -> Any:
+    """scikit-learn ``LogisticRegression`` on both presentations of every labelled pair of the CaT-Bench plans."""
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = [], []
+    for emb, plan in zip(embeddings, plans):
+        if plan.get("source") == "rfg":
+            continue
+        for a, b, label in plan["labels"]:
+            for u, v in ((a, b), (b, a)):
+                X.append(baseline_features(emb, u, v))
+                y.append(int(label == "yes"))
+    return LogisticRegression(C=C, max_iter=5000).fit(np.stack(X), np.array(y))
+
+
+def baseline_probs(model: Any, emb: np.ndarray, pairs: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Mean probability of "yes" over the two presentations of each pair."""
+    if not pairs:
+        return np.zeros(0)
+    X = np.stack([baseline_features(emb, u, v) for a, b in pairs for u, v in ((a, b), (b, a))])
+    return model.predict_proba(X)[:, 1].reshape(-1, 2).mean(1)
+
+
+# ---------------------------------------------------------------- scoring
+def fold_scores(folds: Sequence[tuple[list[str], np.ndarray]], metric: str = "macro_f1") -> list[dict[str, float]]:
+    """Score each fold's ``(gold, probabilities)`` at the threshold chosen on the other folds' pooled
+    probabilities (:func:`choose_threshold`, ``metric``); returns per fold the :data:`CV_METRICS` and the threshold."""
+    out = []
+    for i, (gold, probs) in enumerate(folds):
+        other_gold = [g for j, (gs, _) in enumerate(folds) if j != i for g in gs]
+        other = np.concatenate([p for j, (_, p) in enumerate(folds) if j != i]) if len(folds) > 1 else probs
+        tau = choose_threshold(other_gold or gold, list(other), metric=metric)[0]
+        report = binary_report(gold, ["yes" if p >= tau else "no" for p in probs])
+        out.append({**{k: float(report[k]) for k in CV_METRICS}, "threshold": tau})
+    return out
+
+
+def summarise(scores: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Mean and (population) standard deviation over folds of each of :data:`CV_METRICS`."""
+    out = {}
+    for key in CV_METRICS:
+        values = np.array([s[key] for s in scores])
+        out[f"{key}_mean"], out[f"{key}_std"] = float(values.mean()), float(values.std())
+    return out
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: Optional[int]):
+    """``torch.set_num_threads(threads)`` inside the block (nothing when None), the old number restored after."""
+    if threads is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+# ---------------------------------------------------------------- the Lightning module
+class TeoClosureHeadModule(SeqawareModule):
+    """Frozen step encoder + :class:`ClosureEnsemble`, settings chosen by plan-level cross-validation.
+
+    Args:
+        encoder: sequence-encoder config (``configs/encoder/*``); always frozen.
+        optimizer: optimiser config of the heads (the same for the cross-validation fits).
+        head: :class:`ClosureEnsemble` settings (``step_dim``, ``pair_hidden``, ``dropout``, ``closure``);
+            members: heads in the ensemble.
+        cv_grid: settings to compare, each a dict overriding ``head`` (and/or ``members``,
+            ``rfg_weight``); ``[]`` or null: no cross-validation, ``head`` as given.
+        cv_metric: what the settings are chosen by (``macro_f1``, ``f1`` or ``accuracy``; mean over folds).
+        threshold: ``cv`` (chosen on the winner's out-of-fold probabilities; 0.5 without cross-validation)
+            or a number in (0, 1).
+        rfg_weight: weight of the pairs of r-FG plans (``data.rfg_path``) in the loss.
+        logistic_baseline, baseline_C: the logistic-regression row (and its inverse regularisation).
+        cv_file: where the cross-validation table is written as JSON (null: not written).
+        head_threads: CPU threads while the heads train (the cross-validation fits and the fit's steps;
+            the previous number is restored after): their tensors are tiny, and on a shared 2-core
+            CPU two threads made 50 steps 8x slower than one (docs/results/teo.md); null: leave torch's.
+
+    Frozen parts: the encoder.
+    """
+
+    def __init__(self, encoder: dict, optimizer: dict, head: Optional[dict] = None, members: int = 3,
+                 cv_grid: Optional[Sequence[dict]] = None, cv_metric: str = "macro_f1", threshold: Any = "cv",
+                 rfg_weight: float = 1.0, logistic_baseline: bool = True, baseline_C: float = 1.0,
+                 cv_file: Optional[str] = None, head_threads: Optional[int] = 1):
+        super().__init__()
+        head = dict(head or {})
+        unknown = sorted(set(head) - set(HEAD_KEYS))
+        if unknown:
+            raise ValueError(f"model.head: unknown setting(s) {unknown}; known: {list(HEAD_KEYS)}")
+        grid = [dict(s) for s in (cv_grid or [])]
+        for i, setting in enumerate(grid):
+            bad = sorted(set(setting) - set(HEAD_KEYS) - {"members", "rfg_weight"})
+            if bad:
+                raise ValueError(f"model.cv_grid[{i}]: unknown setting(s) {bad}; known: {list(HEAD_KEYS) + ['members', 'rfg_weight']}")
+        if cv_metric not in CV_METRICS:
+            raise ValueError(f"model.cv_metric must be one of {list(CV_METRICS)}, got {cv_metric!r}")
+        if not (threshold == "cv" or (isinstance(threshold, (int, float)) and 0.0 < float(threshold) < 1.0)):
+            raise ValueError(f"model.threshold must be 'cv' or a number in (0, 1), got {threshold!r}")
+        self.save_hyperparameters({"encoder": as_container(encoder), "optimizer": as_container(optimizer),
+                                   "head": head, "members": members, "cv_grid": grid, "cv_metric": cv_metric,
+                                   "threshold": threshold, "rfg_weight": rfg_weight,
+                                   "logistic_baseline": logistic_baseline, "baseline_C": baseline_C, "cv_file": cv_file,
+                                   "head_threads": head_threads})
+        self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
+        if self.encoder.modality != "text":
+            raise ValueError("the closure head embeds step texts: use a text encoder (model.encoder: text)")
+        for p in self.encoder.parameters():
+            p.requires_grad_(False)
+        self.setting: dict[str, Any] = {"members": members, "rfg_weight": rfg_weight, **head}
+        self.ensemble = self._build(self.setting)
+        self.register_buffer("decision_threshold", torch.tensor(0.5 if threshold == "cv" else float(threshold)))
+        self._cache: dict[tuple[str, ...], torch.Tensor] = {}
+        self._threads = torch.get_num_threads()
+        self.baseline: Any = None
+        self.cv_report: dict[str, Any] = {}
+        self._eval_records: list[dict[str, Any]] = []
+        self.test_predictions: list[dict] = []
+        self.test_rows: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def _build(self, setting: dict[str, Any]) -> ClosureEnsemble:
+        return ClosureEnsemble(self.encoder.hidden_size, members=int(setting["members"]),
+                               **{k: v for k, v in setting.items() if k in HEAD_KEYS})
+
+    def frozen_modules(self) -> list[nn.Module]:
+        return list(self.encoder.modules())
+
+    def param_groups(self) -> list[dict]:
+        return [{"params": list(self.ensemble.parameters())}]
+
+    # ------------------------------------------------------------ step embeddings
+    @torch.no_grad()
+    def embed(self, batch: dict) -> list[torch.Tensor]:
+        """L2-normalised mean-pooled embedding of every step, (n_k, H) per plan of the batch (cached by step texts)."""
+        offsets = [0, *torch.cumsum(batch["num_steps"], 0).tolist()]
+        keys = [tuple(item["steps"]) for item in batch["meta"]]
+        missing = [k for k, key in enumerate(keys) if key not in self._cache]
+        if missing:
+            rows = torch.cat([torch.arange(offsets[k], offsets[k + 1]) for k in missing])
+            ids = batch["input_ids"][rows].to(self.device)
+            mask = batch["attention_mask"][rows].to(self.device)
+            states = self.encoder({"input_ids": ids, "attention_mask": mask}).text_states.float()
+            pooled = (states * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+            pooled = F.normalize(pooled, dim=-1)
+            start = 0
+            for k in missing:
+                n = offsets[k + 1] - offsets[k]
+                self._cache[keys[k]] = pooled[start:start + n]
+                start += n
+        return [self._cache[key].to(self.device) for key in keys]
+
+    def _all_training_plans(self) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
+        """The data module's training plans and their step embeddings (encoded once)."""
+        dm = self.trainer.datamodule
+        items = dm.items["train"]
+        embeddings: list[torch.Tensor] = []
+        for start in range(0, len(items), 32):
+            embeddings += self.embed(dm.collator(items[start:start + 32]))
+        return items, embeddings
+
+    # ------------------------------------------------------------ training
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        data = plan_tensors(self.embed(batch), batch["meta"], float(self.setting["rfg_weight"]))
+        loss = self.ensemble.loss(data)
+        self.log("train/loss", loss, prog_bar=True, batch_size=max(int(data["target"].numel()), 1))
+        return loss
+
+    def _fit_heads(self, setting: dict[str, Any], plans: list[dict], embeddings: list[torch.Tensor], steps: int,
+                   seed: int) -> ClosureEnsemble:
+        """Train a fresh ensemble of ``setting`` on ``plans`` as the fit trains the final one: all plans
+        in one batch, ``steps`` optimiser steps of ``model.optimizer`` (global RNG left untouched)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            ensemble = self._build(setting).to(self.device)
+            opt_cfg = dict(self.hparams.optimizer)
+            optimizer = get_class(opt_cfg.pop("_target_"))(ensemble.parameters(), **opt_cfg)
+            data = plan_tensors(embeddings, plans, float(setting["rfg_weight"]))
+            ensemble.train()
+            for _ in range(steps):
+                optimizer.zero_grad()
+                ensemble.loss(data).backward()
+                optimizer.step()
+        return ensemble.eval()
+
+    @torch.no_grad()
+    def _predict(self, ensemble: ClosureEnsemble, plans: list[dict], embeddings: list[torch.Tensor]) -> np.ndarray:
+        data = plan_tensors(embeddings, plans)
+        return ensemble(data["steps"], data["mask"], data["num_steps"])[data["plan"], data["a"], data["b"]].cpu().numpy()
+
+    def setup(self, stage: str) -> None:
+        """Before ``fit`` builds the optimiser: the baseline, and the cross-validation that sets the heads
+        (a fit resumed from a checkpoint keeps the setting that checkpoint chose)."""
+        if stage != "fit" or self.trainer is None:
+            return
+        plans, embeddings = self._all_training_plans()
+        if self.hparams.logistic_baseline:
+            self.baseline = fit_baseline([e.cpu().numpy() for e in embeddings], plans, self.hparams.baseline_C)
+        if self.hparams.cv_grid and not self.trainer.ckpt_path:
+            with cpu_threads(self.hparams.head_threads):
+                self._cross_validate(plans, embeddings)
+
+    def on_train_start(self) -> None:
+        self._threads = torch.get_num_threads()
+        if self.hparams.head_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(int(self.hparams.head_threads))
+
+    def on_train_end(self) -> None:
+        torch.set_num_threads(self._threads)
+
+    def _cross_validate(self, plans: list[dict], embeddings: list[torch.Tensor]) -> None:
+        if getattr(self.trainer.datamodule, "batch_size", None) is not None:
+            raise ValueError("model selection by cross-validation trains every plan in one batch, as the fit must: "
+                             "set data.batch_size=null")
+        steps = int(self.trainer.max_epochs or 0)
+        if steps <= 0:
+            raise ValueError("model selection by cross-validation trains for the fit's steps: set trainer.max_epochs > 0")
+        base = {"members": self.hparams.members, "rfg_weight": self.hparams.rfg_weight, **self.hparams.head}
+        settings = [dict(base, **s) for s in self.hparams.cv_grid]
+        repeats = len(plans[0]["folds"])
+        rows: dict[str, dict[str, Any]] = {}
+        oof: dict[str, list[tuple[list[str], np.ndarray]]] = {}
+        seed = int(torch.initial_seed()) % (2 ** 31)
+        names = [", ".join(f"{k}={v}" for k, v in s.items()) or "defaults" for s in self.hparams.cv_grid]
+        if len(set(names)) < len(names):
+            raise ValueError(f"model.cv_grid repeats a setting: {names}")
+        names += [LR_ROW] if self.hparams.logistic_baseline else []
+        for name in names:
+            oof[name] = []
+        for r in range(repeats):
+            folds = sorted({p["folds"][r] for p in plans if p["folds"][r] >= 0})
+            per_fold: dict[str, list[tuple[list[str], np.ndarray]]] = {name: [] for name in names}
+            for fold in folds:
+                train = [i for i, p in enumerate(plans) if p["folds"][r] != fold]
+                held = [i for i, p in enumerate(plans) if p["folds"][r] == fold and p.get("source") != "rfg"]
+                gold = [y for i in held for _, _, y in plans[i]["labels"]]
+                tr_plans, tr_emb = [plans[i] for i in train], [embeddings[i] for i in train]
+                held_plans, held_emb = [plans[i] for i in held], [embeddings[i] for i in held]
+                for s, setting in enumerate(settings):
+                    ensemble = self._fit_heads(setting, tr_plans, tr_emb, steps, seed + 1000 * r + 10 * fold + s)
+                    per_fold[names[s]].append((gold, self._predict(ensemble, held_plans, held_emb)))
+                if self.hparams.logistic_baseline:
+                    model = fit_baseline([e.cpu().numpy() for e in tr_emb], tr_plans, self.hparams.baseline_C)
+                    probs = np.concatenate([baseline_probs(model, e.cpu().numpy(), [(a, b) for a, b, _ in p["labels"]])
+                                            for p, e in zip(held_plans, held_emb)])
+                    per_fold[LR_ROW].append((gold, probs))
+            for name in names:
+                if name == LR_ROW:  # the baseline answers at 0.5, as it does on the test questions
+                    scores = [dict({k: float(binary_report(g, ["yes" if p >= 0.5 else "no" for p in pr])[k]) for k in CV_METRICS},
+                                   threshold=0.5) for g, pr in per_fold[name]]
+                else:
+                    scores = fold_scores(per_fold[name], self.hparams.cv_metric)
+                rows.setdefault(name, {"folds": []})["folds"] += scores
+                oof[name] += per_fold[name]
+        for name, row in rows.items():
+            row.update(summarise(row["folds"]))
+        metric = f"{self.hparams.cv_metric}_mean"
+        best = max(range(len(settings)), key=lambda s: (rows[names[s]][metric], -s))
+        winner = names[best]
+        gold = [g for gs, _ in oof[winner] for g in gs]
+        probs = np.concatenate([p for _, p in oof[winner]])
+        tau = choose_threshold(gold, list(probs), metric=self.hparams.cv_metric)[0]
+        if self.hparams.threshold == "cv":
+            self.decision_threshold.fill_(tau)
+        self.setting = settings[best]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.ensemble = self._build(self.setting).to(self.device)
+        self.cv_report = {"settings": settings, "rows": rows, "winner": self.setting, "winner_name": winner,
+                          "threshold": float(self.decision_threshold),
+                          "oof_threshold": tau, "metric": self.hparams.cv_metric, "repeats": repeats, "steps": steps}
+        log.info("cross-validation over %d plan folds x %d repetition(s) (mean ± std over folds):\n%s\nchosen: %s, "
+                 "threshold %.2f", len({p["folds"][0] for p in plans}), repeats, self.cv_table(), winner, float(self.decision_threshold))
+        if self.hparams.cv_file:
+            path = Path(self.hparams.cv_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_open(path) as handle:
+                json.dump(self.cv_report, handle, indent=1)
+
+    def cv_table(self) -> str:
+        """Markdown table of the cross-validation rows (mean ± std over folds)."""
+        lines = ["| setting | F1 yes | macro F1 | accuracy |", "|---|---:|---:|---:|"]
+        for name, row in self.cv_report.get("rows", {}).items():
+            cells = [f"{100 * row[f'{k}_mean']:.1f} ± {100 * row[f'{k}_std']:.1f}" for k in CV_METRICS]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["closure_head"] = {"setting": dict(self.setting), "cv_report": json.dumps(self.cv_report)}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        saved = checkpoint.get("closure_head")
+        if saved:  # the checkpoint holds the cross-validation winner's heads: rebuild them before the weights load
+            if saved["setting"] != self.setting:
+                self.setting = dict(saved["setting"])
+                self.ensemble = self._build(self.setting).to(self.device)
+            self.cv_report = json.loads(saved["cv_report"])
+
+    # ------------------------------------------------------------ testing
+    def on_test_epoch_start(self) -> None:
+        self._eval_records = []
+        if self.hparams.logistic_baseline and self.baseline is None:  # tested from a checkpoint: refit (deterministic)
+            plans, embeddings = self._all_training_plans()
+            self.baseline = fit_baseline([e.cpu().numpy() for e in embeddings], plans, self.hparams.baseline_C)
+
+    @torch.no_grad()
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        embeddings = self.embed(batch)
+        data = plan_tensors(embeddings, batch["meta"])
+        probs = self.ensemble(data["steps"], data["mask"], data["num_steps"])
+        for k, item in enumerate(batch["meta"]):
+            pairs = [(min(q["first"], q["second"]), max(q["first"], q["second"])) for q in item["pairs"]]
+            lr = baseline_probs(self.baseline, embeddings[k].cpu().numpy(), pairs) if self.baseline is not None else [None] * len(pairs)
+            for q, (a, b), p_lr in zip(item["pairs"], pairs, lr):
+                self._eval_records.append({"question": q, "p": float(probs[k, a, b]),
+                                           "p_lr": None if p_lr is None else float(p_lr)})
+
+    def on_test_epoch_end(self) -> None:
+        records = gather_unique(self._eval_records, key=lambda r: (r["question"]["set"], r["question"]["pair_id"]))
+        self._eval_records = []
+        tau = float(self.decision_threshold)
+        self.test_rows, self.test_predictions = {}, []
+        for name in sorted({r["question"]["set"] for r in records}, key=lambda s: (s != "catbench", s)):
+            subset = [r for r in records if r["question"]["set"] == name]
+            gold = [r["question"]["answer"] for r in subset]
+            systems = {MODEL_ROW: ["yes" if r["p"] >= tau else "no" for r in subset]}
+            if self.baseline is not None:
+                systems[LR_ROW] = ["yes" if r["p_lr"] >= 0.5 else "no" for r in subset]
+            rows = binary_rows(gold, systems)
+            twins = [(r["question"]["plan_id"], min(r["question"]["first"], r["question"]["second"]),
+                      max(r["question"]["first"], r["question"]["second"])) for r in subset]
+            for row_name, row in rows.items():
+                row.update(twin_consistency(twins, systems.get(row_name) or [row_name.split()[-1].strip("()")] * len(subset)))
+            prefix = "test/" if name == "catbench" else f"test/{name}/"
+            for row_name, key in ((MODEL_ROW, "catbench"), (LR_ROW, "lr_baseline"), ("always yes", "always_yes"),
+                                  ("always no", "always_no")):
+                if row_name in rows:
+                    self.log_dict({f"{prefix}{key}_{k}": float(rows[row_name][m]) for k, m in ROW_KEYS}, sync_dist=False)
+            self.log(f"{prefix}n", float(len(subset)), sync_dist=False)
+            self.test_rows[name] = rows
+            log.info("CaT-Bench questions %r (threshold %.2f):\n%s", name, tau, format_table(rows, TABLE_COLUMNS))
+            for r, answer in zip(subset, systems[MODEL_ROW]):
+                q = r["question"]
+                self.test_predictions.append({"set": name, "id": q["pair_id"], "first": q["first"], "second": q["second"],
+                                              "direction": q["direction"], "p_dependent": r["p"], "answer": answer,
+                                              "lr_answer": None if r["p_lr"] is None else ("yes" if r["p_lr"] >= 0.5 else "no"),
+                                              "gold": q["answer"]})
+        self.log("test/threshold", tau, sync_dist=False)
+        winner = self.cv_report.get("rows", {}).get(self.cv_report.get("winner_name"))
+        if winner:
+            self.log_dict({f"test/cv_{k}": float(winner[k]) for k in winner if k != "folds"}, sync_dist=False)
+        baseline = self.cv_report.get("rows", {}).get(LR_ROW)
+        if baseline:
+            self.log_dict({f"test/cv_lr_baseline_{k}": float(baseline[k]) for k in baseline if k != "folds"}, sync_dist=False)

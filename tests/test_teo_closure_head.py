@@ -1,0 +1,300 @@
+"""CaT-Bench with its own labels: the validation-split reader, plan-level folds, the closure head,
+cross-validated thresholds, the logistic-regression baseline, scoring on the paper's questions, and the
+wall between the sample plans and training (the experiment's run: tests/test_train.py)."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data_modules.adapters.catbench import read_catbench
+from data_modules.catbench_plans import CatBenchPlansDataModule, check_disjoint, labelled_plans, plan_folds, plan_key
+from seqaware.metrics.classification import binary_report
+from seqaware.modules.teo_closure_head import (ClosureEnsemble, baseline_features, baseline_probs, fit_baseline,
+                                               fold_scores, max_product_closure, pair_features, plan_tensors, summarise)
+
+STEPS = ["Preheat the oven.", "Mix flour and eggs.", "Pour the batter into a tin.", "Bake for 20 minutes.", "Serve."]
+
+
+def question(plan, idx, first, second, label, direction="before", steps=STEPS, title="cake", qtype=None):
+    qtype = qtype or f"{'dependent' if label == 'yes' else 'nondependent'}_real_{direction}"
+    return {"plan_idx": plan, "title": title, "question_idx": idx, "question_type": qtype, "direction": direction,
+            "binary_question": "?", "steps": list(steps), "first_step_idx": first, "second_step_idx": second,
+            "label": label, "efg_recipe_id": None}
+
+
+def write(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- the head
+def brute_force_closure(direct: np.ndarray) -> np.ndarray:
+    n = len(direct)
+    out = np.zeros_like(direct)
+    for a, b in itertools.combinations(range(n), 2):
+        inner = range(a + 1, b)
+        best = 0.0
+        for k in range(b - a):  # every increasing path a < m_1 < ... < m_k < b
+            for middle in itertools.combinations(inner, k):
+                path = (a, *middle, b)
+                best = max(best, float(np.prod([direct[u, v] for u, v in zip(path, path[1:])])))
+        out[a, b] = best
+    return out
+
+
+def test_closure_is_the_most_probable_chain_of_direct_dependencies():
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 6, 7):
+        direct = rng.random((n, n))
+        got = max_product_closure(torch.tensor(direct)[None])[0].numpy()
+        np.testing.assert_allclose(got, brute_force_closure(direct), rtol=1e-12)
+    # a chain 0 -> 1 -> 2 -> 3 of certain edges reaches 3 from 0 although the direct score is 0
+    chain = torch.zeros(1, 4, 4)
+    chain[0, 0, 1] = chain[0, 1, 2] = chain[0, 2, 3] = 1.0
+    assert max_product_closure(chain)[0, 0, 3] == 1.0 and max_product_closure(chain)[0, 3, 0] == 0.0
+
+
+def test_direct_scores_the_real_forward_pairs_only():
+    torch.manual_seed(0)
+    ensemble = ClosureEnsemble(8, members=2, step_dim=6, pair_hidden=5).eval()
+    steps, num_steps = torch.randn(2, 5, 8), torch.tensor([5, 3])
+    mask = torch.arange(5)[None] < num_steps[:, None]
+    direct = ensemble.direct(steps, mask, num_steps)
+    feats = pair_features(num_steps, 5)
+    for m, k, a, b in itertools.product(range(2), range(2), range(5), range(5)):
+        if a < b < int(num_steps[k]):     # member m's own linear layers, as torch.nn.Linear would apply them
+            h = lambda i: steps[k, i] @ ensemble.proj.weight[m] + ensemble.proj.bias[m, 0]  # noqa: E731
+            x = torch.cat([h(a), h(b), h(a) * h(b), (h(a) - h(b)).abs(), feats[k, a, b]])
+            hidden = torch.nn.functional.gelu(x @ ensemble.hidden.weight[m] + ensemble.hidden.bias[m, 0])
+            expected = torch.sigmoid(hidden @ ensemble.out.weight[m] + ensemble.out.bias[m, 0])[0]
+            assert torch.allclose(direct[m, k, a, b], expected, atol=1e-6)
+        else:
+            assert direct[m, k, a, b] == 0
+    assert not torch.allclose(direct[0], direct[1])                        # members start apart
+    # pair features: (b - a)/n, a/n, b/n, sign, 1/|b - a|, b last, a first, n/20
+    assert feats[1, 0, 2].tolist() == pytest.approx([2 / 3, 0, 2 / 3, 1, 0.5, 1, 1, 0.15])
+
+
+def test_both_presentations_of_a_pair_get_one_answer():
+    torch.manual_seed(0)
+    ensemble = ClosureEnsemble(8, members=2, step_dim=6, pair_hidden=5).eval()
+    steps, num_steps = torch.randn(2, 6, 8), torch.tensor([6, 4])
+    mask = torch.arange(6)[None] < num_steps[:, None]
+    probs = ensemble(steps, mask, num_steps)
+    assert torch.equal(probs, probs.transpose(1, 2))                       # r(b, a) = r(a, b): twins agree
+    assert torch.all(probs.diagonal(dim1=1, dim2=2) == 0) and probs.min() >= 0 and probs.max() <= 1
+    assert torch.all(probs[1, 4:] == 0)                                    # padding steps answer nothing
+    assert torch.allclose(probs, ensemble.member_probs(steps, mask, num_steps).mean(0))
+
+
+def test_ensemble_members_train_on_their_own_losses():
+    torch.manual_seed(0)
+    plans = [{"labels": [(0, 2, "yes"), (1, 2, "no"), (0, 1, "no")]}, {"labels": [(0, 3, "yes"), (1, 3, "yes")], "source": "rfg"}]
+    data = plan_tensors([torch.randn(3, 8), torch.randn(4, 8)], plans, rfg_weight=0.5)
+    assert data["plan"].tolist() == [0, 0, 0, 1, 1] and data["target"].tolist() == [1, 0, 0, 1, 1]
+    assert data["weight"].tolist() == [1, 1, 1, 0.5, 0.5] and data["mask"].tolist()[0] == [True] * 3 + [False]
+    ensemble = ClosureEnsemble(8, members=2, step_dim=6, pair_hidden=5, dropout=0.0)
+    losses = ensemble.member_losses(data)
+    probs = ensemble.member_probs(data["steps"], data["mask"], data["num_steps"])[0, data["plan"], data["a"], data["b"]]
+    bce = torch.nn.functional.binary_cross_entropy(probs, data["target"], reduction="none")
+    assert torch.allclose(losses[0], (bce * data["weight"]).sum() / 4.0)   # weighted mean: weights sum to 4
+    losses[0].backward()                                                   # member 0's loss moves member 0 only
+    assert ensemble.proj.weight.grad[1].abs().sum() == 0 and ensemble.proj.weight.grad[0].abs().sum() > 0
+    ensemble.zero_grad()
+    optimizer = torch.optim.AdamW(ensemble.parameters(), lr=1e-2)
+    before = float(ensemble.loss(data).detach())
+    for _ in range(30):
+        optimizer.zero_grad()
+        ensemble.loss(data).backward()
+        optimizer.step()
+    assert float(ensemble.loss(data).detach()) < 0.5 * before
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="closure must be one of"):
+        ClosureEnsemble(8, closure="min")
+    with pytest.raises(ValueError, match="members must be at least 1"):
+        ClosureEnsemble(8, members=0)
+
+
+# ---------------------------------------------------------------- folds and thresholds
+def test_plan_folds_never_split_a_plan():
+    sizes = {f"p{i}": s for i, s in enumerate([1, 3, 5, 8, 13, 21, 2, 34, 9, 4, 6, 10, 14, 7])}
+    draws = []
+    for seed, k in itertools.product(range(5), (2, 4, 7)):
+        folds = plan_folds(sizes, k, seed)
+        assert set(folds) == set(sizes) and set(folds.values()) == set(range(k))   # one fold per plan, none empty
+        load = [sum(s for p, s in sizes.items() if folds[p] == f) for f in range(k)]
+        assert max(load) - min(load) <= max(sizes.values())                        # about equally many pairs
+        draws.append(tuple(sorted(folds.items())))
+    assert len(set(draws)) == len(draws)                                            # every seed draws anew
+    assert plan_folds(sizes, 4, 3) == plan_folds(dict(reversed(list(sizes.items()))), 4, 3)  # not the dict order
+    with pytest.raises(ValueError, match="at least 2"):
+        plan_folds(sizes, 1, 0)
+    with pytest.raises(ValueError, match="needs at least 20 training plans"):
+        plan_folds(sizes, 20, 0)
+
+
+def test_each_fold_is_answered_at_a_threshold_chosen_on_the_other_folds():
+    folds = [(["yes", "no", "yes", "no"], np.array([0.9, 0.8, 0.85, 0.1])),
+             (["yes", "no"], np.array([0.6, 0.3]))]
+    scores = fold_scores(folds)
+    # fold 0 at fold 1's threshold (0.31 .. 0.60 all separate fold 1; the one closest to 0.5 wins),
+    # fold 1 at fold 0's (only 0.81 .. 0.85 separate fold 0; the one closest to 0.5 wins)
+    assert scores[0]["threshold"] == 0.5 and scores[1]["threshold"] == 0.81
+    assert scores[0]["accuracy"] == 0.75 and scores[0]["f1"] == pytest.approx(0.8)        # 0.9, 0.8, 0.85 yes; 0.8 wrong
+    assert scores[1]["accuracy"] == 0.5 and scores[1]["f1"] == 0.0                          # 0.6 < 0.81: both "no"
+    summary = summarise(scores)
+    assert summary["accuracy_mean"] == 0.625 and summary["accuracy_std"] == 0.125
+
+
+def test_labelled_plans_keep_one_label_per_pair_and_name_conflicts(tmp_path):
+    rows = [question(0, 0, 1, 3, "yes"), question(0, 0, 1, 3, "yes", "after"), question(0, 1, 0, 2, "no", "after"),
+            question(1, 0, 0, 1, "yes", steps=["A.", "B."], title="other")]
+    plans = labelled_plans(read_catbench(write(tmp_path / "q.jsonl", rows)), "q.jsonl")
+    assert [p["labels"] for p in plans] == [[(0, 2, "no"), (1, 3, "yes")], [(0, 1, "yes")]]
+    assert [p["title"] for p in plans] == ["cake", "other"]
+    bad = rows[:1] + [question(0, 0, 1, 3, "no", "after", qtype="dependent_real_after")]
+    with pytest.raises(ValueError, match=r"questions 0-dependent_real_before-0 and 0-dependent_real_after-0 ask about the same step pair \(1, 3\)"):
+        labelled_plans(read_catbench(write(tmp_path / "bad.jsonl", bad)), "bad.jsonl")
+
+
+def test_a_test_plan_that_is_a_training_plan_is_an_error(tmp_path):
+    train = labelled_plans(read_catbench(write(tmp_path / "t.jsonl", [question(0, 0, 0, 1, "yes")])), "t")
+    same = [dict(train[0], plan_id="x", steps=[s.upper().replace(".", " .") for s in STEPS])]  # reformatted steps
+    with pytest.raises(ValueError, match="test plan x .* is also the training plan"):
+        check_disjoint(train, same, "data.eval_path")
+    check_disjoint(train, [{"plan_id": "y", "steps": ["Other."], "title": "cake"}], "data.eval_path")  # a shared title alone is not the same plan
+    assert plan_key(["Add salt , then stir ."]) == plan_key(["add salt, then stir."])
+
+
+# ---------------------------------------------------------------- the baseline and the scores
+def test_baseline_answers_both_presentations_alike():
+    rng = np.random.default_rng(0)
+    emb = [rng.normal(size=(5, 4)) for _ in range(3)]
+    plans = [{"labels": [(0, 4, "yes"), (1, 2, "no"), (2, 4, "yes"), (0, 1, "no")]} for _ in emb]
+    model = fit_baseline(emb, plans)
+    feats = baseline_features(emb[0], 3, 1)
+    assert feats[-6:].tolist() == pytest.approx([0.75, 0.25, 0.4, 0.0, 0.25, -1.0])   # u/(n-1), v/(n-1), gap, v last, n/20, sign
+    probs = baseline_probs(model, emb[0], [(1, 3), (3, 1)])
+    assert probs[0] == pytest.approx(probs[1])
+
+
+def test_scores_by_hand(tmp_path):
+    """Accuracy, P/R/F1 of yes and macro F1 of a small answer set, and the always-yes row, by hand."""
+    gold = ["yes", "yes", "yes", "no", "no"]
+    pred = ["yes", "no", "yes", "yes", "no"]
+    report = binary_report(gold, pred)
+    # tp 2, fp 1, fn 1, tn 1: P 2/3, R 2/3, F1 2/3; "no": P 1/2, R 1/2, F1 1/2
+    assert report["accuracy"] == pytest.approx(3 / 5) and report["f1"] == pytest.approx(2 / 3)
+    assert report["macro_f1"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    always_yes = binary_report(gold, ["yes"] * 5)
+    assert always_yes["f1"] == pytest.approx(2 * 3 / (5 + 3)) and always_yes["macro_f1"] == pytest.approx(3 / 8)
+
+
+@pytest.mark.shared_data
+def test_paper_subset_scored_by_hand(shared_data):
+    """The 748 paper questions of the sample: 460 yes; always-yes F1 = 2 * 460 / (748 + 460)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("catbench_eval_script", Path(__file__).resolve().parents[1] / "scripts" / "catbench_eval.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    questions = read_catbench(shared_data / "catbench" / "test_questions_sample_paper.jsonl")
+    assert len(questions) == 748 and sum(q["answer"] == "yes" for q in questions) == 460
+    rows = module.score(questions, {})
+    yes, no = rows["always yes"], rows["always no"]
+    assert yes["accuracy"] == pytest.approx(460 / 748) and yes["f1"] == pytest.approx(920 / 1208)
+    assert yes["macro_f1"] == pytest.approx(920 / 1208 / 2) and yes["twin_consistency"] == 1.0 and yes["n_twins"] == 374
+    assert no["accuracy"] == pytest.approx(288 / 748) and no["macro_f1"] == pytest.approx(2 * 288 / (748 + 288) / 2)
+
+
+# ---------------------------------------------------------------- the validation split and the wall
+@pytest.mark.shared_data
+def test_validation_split_reader(shared_data):
+    path = shared_data / "catbench" / "val_questions.jsonl"
+    raw = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    items = read_catbench(path)
+    assert len(items) == len(raw) == 1616 and len({q["pair_id"] for q in items}) == 1616       # ids unique
+    assert [q["answer"] for q in items] == [r["label"] for r in raw]                            # labels from the file
+    plans = labelled_plans(items, path)
+    assert len(plans) == 28 and sum(len(p["labels"]) for p in plans) == 808                     # each pair asked twice
+    assert sum(y == "yes" for p in plans for _, _, y in p["labels"]) == 404
+    by_pair = {(tuple(r["steps"]), min(r["first_step_idx"], r["second_step_idx"]),
+                max(r["first_step_idx"], r["second_step_idx"])): r["label"] for r in raw}
+    assert all(by_pair[(tuple(p["steps"]), a, b)] == y for p in plans for a, b, y in p["labels"])
+
+
+@pytest.mark.shared_data
+def test_no_sample_plan_reaches_training_or_model_selection(shared_data):
+    data = shared_data / "catbench"
+    dm = CatBenchPlansDataModule(str(data / "val_questions.jsonl"), str(data / "test_questions_sample_paper.jsonl"),
+                                 {"all_pairs": str(data / "test_questions_sample.jsonl")}, cv_folds=7,
+                                 rfg_path=str(shared_data / "rfg" / "r-100"), seed=0)
+    dm.setup()
+    sample = [json.loads(line) for line in (data / "test_questions_sample.jsonl").read_text(encoding="utf-8").splitlines()]
+    sample_recipes = {q["efg_recipe_id"] for q in sample}
+    sample_titles = {q["title"] for q in sample}
+    sample_steps = {plan_key(q["steps"]) for q in sample}
+    assert len(sample_recipes) == len(sample_titles) == len(sample_steps) == 13
+    train = dm.items["train"]
+    assert sum(p["source"] == "catbench" for p in train) == 28 and sum(p["source"] == "rfg" for p in train) == 87
+    assert not {p["efg_recipe_id"] for p in train} & sample_recipes                  # r-FG ids of every training plan
+    assert not {p["title"] for p in train if p["source"] == "catbench"} & sample_titles
+    assert not {plan_key(p["steps"]) for p in train} & sample_steps                  # the steps themselves
+    # model selection sees the training plans only: every fold is made of them
+    assert all(len(p["folds"]) == 1 and 0 <= p["folds"][0] < 7 for p in train if p["source"] == "catbench")
+    assert {p["set"] for p in dm.items["test"]} == {"catbench", "all_pairs"} and len(dm.items["test"]) == 26
+    # an r-FG copy of a validation plan is held out with that plan's fold
+    twins = [p for p in train if p["source"] == "rfg" and p["duplicates"]]
+    assert len(twins) == 11
+    folds = {p["plan_id"]: p["folds"] for p in train}
+    assert all(p["folds"] == folds[p["duplicates"]] for p in twins)
+    # testing on the training plans is refused
+    with pytest.raises(ValueError, match="is also the training plan"):
+        CatBenchPlansDataModule(str(data / "val_questions.jsonl"), str(data / "val_questions.jsonl")).setup()
+
+
+# ---------------------------------------------------------------- the recipe, end to end on tiny files
+def tiny_questions(path: Path, plans: range) -> Path:
+    rows = []
+    for p in plans:
+        steps = [f"plan {p} step {i}: " + " ".join(["stir the sauce"] * (1 + (i + p) % 3)) + "." for i in range(5)]
+        for i, (a, b) in enumerate(itertools.combinations(range(5), 2)):
+            label = "yes" if b == a + 1 or b == 4 else "no"
+            for direction in ("before", "after"):
+                rows.append(question(p, i, a, b, label, direction, steps=steps, title=f"plan {p}"))
+    return write(path, rows)
+
+
+def test_cross_validation_picks_the_setting_then_the_fit_trains_it(compose_train, tmp_path):
+    from conftest import TINY_BERT
+    import train
+
+    cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "data.extra_eval_paths={}",
+                        "data.cv_folds=3", "trainer.max_epochs=4", f"model.encoder.config={TINY_BERT}", "model.members=2",
+                        "model.cv_grid=[{closure: max},{closure: none, step_dim: 8}]")
+    datamodule, model, trainer = train.build(cfg)
+    trainer.fit(model, datamodule=datamodule)
+    cv = json.loads(Path(cfg.model.cv_file).read_text())
+    assert list(cv["rows"]) == ["closure=max", "closure=none, step_dim=8", "logistic regression"]
+    assert all(len(row["folds"]) == 3 for row in cv["rows"].values())
+    best = max(["closure=max", "closure=none, step_dim=8"], key=lambda n: cv["rows"][n]["macro_f1_mean"])
+    assert cv["winner_name"] == best and model.setting == cv["winner"]
+    assert float(model.decision_threshold) == pytest.approx(cv["oof_threshold"])
+    # the optimiser trained the winner's heads (cross-validation ran before it was built)
+    assert {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]} == {id(p) for p in model.ensemble.parameters()}
+    torch.manual_seed(cfg.seed)
+    fresh = model._build(model.setting)
+    assert not torch.allclose(fresh.proj.weight, model.ensemble.proj.weight)
+    assert all(not p.requires_grad for p in model.encoder.parameters())
+    trainer.test(model, datamodule=datamodule)
+    assert model.test_rows["catbench"]["closure head"]["twin_consistency"] == 1.0 and model.test_rows["catbench"]["closure head"]["n"] == 40
