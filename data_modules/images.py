@@ -50,6 +50,8 @@ class ImageTransform:
     def __init__(self, size: int = 224, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD):
         self.size = int(size)
         mean_, std_ = np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
+        self.mean = torch.from_numpy(mean_.copy()).view(3, 1, 1)   # what a reader of the transform sees
+        self.std = torch.from_numpy(std_.copy()).view(3, 1, 1)
         # (x / 255 - mean) / std as one multiply-add per channel
         self._scale = (1.0 / (255.0 * std_)).astype(np.float32)
         self._shift = (-mean_ / std_).astype(np.float32)

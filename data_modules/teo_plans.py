@@ -2,8 +2,9 @@
 of its pairs scored from one encoding of the plan.
 
 * train: the plan's steps and its training pairs as :func:`data_modules.tasks.teo.teo_training_pairs`
-  builds them (MATEO sec. 5.4: every direct dependency in both presentations, ``before`` and
-  ``after``, independent pairs once; pairs joined only through a longer path are not used);
+  builds them (MATEO sec. 5.4: every dependent pair in both presentations, ``before`` and
+  ``after``, independent pairs once; which pairs are dependent follows ``data.teo.pairs``: every
+  directed edge by default, MATEO sec. 5.2, or the transitive reduction's);
 * val / test procedures: the plan's original and swapped TEO sets (:func:`teo_eval_sets`);
 * test with ``eval_path``: CaT-Bench questions (read by
   :func:`data_modules.adapters.catbench.read_catbench`) grouped by plan: the model sees the

@@ -145,9 +145,14 @@ def test_training_labels_are_mateo_pairs():
                      dag=[(0, 1), (1, 2), (0, 2)])
     item = plan_item(proc, "train")
     assert sorted(item["labels"]) == sorted((p["a"], p["b"], p["label"]) for p in teo_training_pairs([proc]))
-    # direct edges in both presentations, independent pairs once, the transitive pair 0 -> 2 unused
-    assert sorted(item["labels"]) == [(0, 1, "before"), (0, 3, "independent"), (1, 0, "after"), (1, 2, "before"),
-                                      (1, 3, "independent"), (2, 1, "after"), (2, 3, "independent")]
+    # every directed edge (MATEO sec. 5.2) in both presentations, independent pairs once
+    assert sorted(item["labels"]) == [(0, 1, "before"), (0, 2, "before"), (0, 3, "independent"), (1, 0, "after"),
+                                      (1, 2, "before"), (1, 3, "independent"), (2, 0, "after"), (2, 1, "after"),
+                                      (2, 3, "independent")]
+    # pairs="reduction": the transitive pair 0 -> 2 is not used
+    reduced = plan_item(proc, "train", pairs="reduction")
+    assert sorted(reduced["labels"]) == [(0, 1, "before"), (0, 3, "independent"), (1, 0, "after"), (1, 2, "before"),
+                                         (1, 3, "independent"), (2, 1, "after"), (2, 3, "independent")]
 
 
 # ---------------------------------------------------------------- CaT-Bench metrics
