@@ -106,10 +106,9 @@ def pair_features(h_i: torch.Tensor, h_j: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- windows of a collated batch
-def text_position_limit(encoder: SequenceEncoder) -> Optional[int]:
-    """How many text tokens (``[CLS]`` included) one pass of ``encoder`` takes, or None (no text)."""
-    if not encoder.uses_text:
-        return None
+def position_limit(encoder: SequenceEncoder) -> int:
+    """How many tokens one pass of ``encoder`` may take by its position table (``[CLS]`` included):
+    the text positions, which with ``visual_positions: sequence`` also number the visual tokens."""
     if hasattr(encoder, "max_positions"):          # SingleStreamEncoder
         return int(encoder.max_positions) - int(getattr(encoder, "position_offset", 0))
     config = encoder.backbone.config                # TextEncoder: RoBERTa's positions start after padding
@@ -122,14 +121,15 @@ def encode_steps(encoder: SequenceEncoder, batch: dict, max_tokens: int, key: st
     """Encode every procedure of a collated batch in one pass (per window) and pool its step states.
 
     ``batch``: ``input_ids`` / ``attention_mask`` (B, S, L) (each step tokenised with its own
-    special tokens), ``step_mask`` (B, S), and for encoders with images ``pixel_values`` / ``image_mask``
-    (or cached ``visual_feats``), as :func:`seqaware.encoders.base.fusion_input` reads them.  The steps
+    special tokens), ``step_mask`` (B, S) (real steps first, as the collator pads), and for
+    encoders with images ``pixel_values`` / ``image_mask`` (or cached ``visual_feats``), as :func:`seqaware.encoders.base.fusion_input` reads them.  The steps
     are encoded in the order the batch presents them: text ``[CLS] s_0 [SEP] s_1 [SEP] ...`` and the
     step images' tokens after it, exactly as pretraining encodes a step sequence.
 
     A procedure whose tokens (text without each step's own ``[CLS]``, plus its images' real visual
-    tokens) exceed ``max_tokens - 1`` (or the encoder's text positions), or whose steps exceed the
-    step embedding's ``max_steps``, is encoded in windows of whole steps (:func:`step_windows`); a
+    tokens; every slot's P tokens with ``visual_positions: sequence``) exceed ``max_tokens - 1`` (or the
+    encoder's positions, :func:`position_limit`), or whose steps exceed the step embedding's
+    ``max_steps``, is encoded in windows of whole steps (:func:`step_windows`); a
     window's slots are re-numbered 0.. for the step embedding.  The visual backbone runs once per step
     image whatever the windows.
 
@@ -146,12 +146,12 @@ def encode_steps(encoder: SequenceEncoder, batch: dict, max_tokens: int, key: st
     if encoder.uses_images:
         feats, patch_mask, visual_mask = step_visual_features(encoder, batch)
         visual_mask = visual_mask.bool()
-        per_image = patch_mask.sum(-1) if patch_mask is not None else torch.full_like(lengths, feats.shape[2])
-        lengths += per_image * visual_mask
-    budget = int(max_tokens)
-    limit = text_position_limit(encoder)
-    if limit is not None:
-        budget = min(budget, limit)
+        if getattr(encoder, "visual_positions", "image") == "sequence":
+            lengths += feats.shape[2]  # positions 0..S*P-1 run over every slot's P visual tokens
+        else:
+            per_image = patch_mask.sum(-1) if patch_mask is not None else torch.full_like(lengths, feats.shape[2])
+            lengths += per_image * visual_mask
+    budget = min(int(max_tokens), position_limit(encoder))
     max_steps = getattr(encoder, "max_steps", None) if getattr(encoder, "step_embedding", None) is not None else None
 
     # windows: (instance, slots) on the host; procedures are short lists of steps

@@ -20,8 +20,8 @@ metrics score it.  ``model.pair_encoding`` chooses how the pair states are obtai
     evaluation (one fixed per ``(seed, procedure id)``), and the collator keeps that order; so the
     text positions and step-index embeddings of the joint pass say nothing about the gold order.
 
-Pairs (``pairwise``).  For an instance with n steps the n(n-1) ordered pairs (i, j) are built with index tensors
-(no Python loop over pairs) and encoded in chunks of ``pair_chunk`` pairs, so a 20-step procedure
+Pairs (``pairwise``).  For an instance with n steps the n(n-1) ordered pairs (i, j) are built with
+index tensors (no Python loop over pairs) and encoded in chunks of ``pair_chunk`` pairs, so a 20-step procedure
 (380 pairs) fits in memory; ``checkpoint_chunks`` recomputes each chunk's activations in backward.
 Text: ``[CLS] step_i [SEP] step_j [SEP]``.  Images: the visual backbone runs once per step image
 and the pair gathers the two steps' visual tokens, so the segment of step i inside a pair is its
@@ -64,7 +64,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         pair_encoding: ``pairwise`` (BERSON: every pair through the encoder) | ``joint`` (one pass per
             procedure, pair states from step states; see the module docstring).
         joint_max_tokens: ``joint`` only: tokens per encoder pass (text + visual, the window's [CLS]
-            included; also capped by the encoder's text positions); longer procedures are windowed.
+            included; also capped by the encoder's positions); longer procedures are windowed.
         pair_dropout: ``joint`` only: dropout of the pair module.
         multi_reference_targets: train (and score the losses) against every reference order of an
             instance: the pointer's NLL at step t is that of pointing at any step some reference puts
@@ -154,7 +154,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         return first, second, out.cls
 
     def encode(self, batch: dict) -> BersonState:
-        """Encode every ordered pair of every instance and build the decoder state."""
+        """Encode every ordered pair of every instance and build the decoder state (``model.pair_encoding``)."""
         if self.pair_encoding == "joint":
             return self.encode_joint(batch)
         step_mask = batch["step_mask"]
