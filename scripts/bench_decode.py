@@ -238,6 +238,7 @@ def bench_pair_encodings(sizes: list[int], modalities: list[str], steps: int, ba
                                 "encoder_passes": load["passes"] / batch, "tokens": load["tokens"] / batch,
                                 "encoder_flops": load["encoder_flops"] / batch, "total_flops": load["total_flops"] / batch,
                                 "step_s": step_s, "step_s_per_procedure": step_s / batch})
+                print(f"{modality} n={n} {pair_encoding}: {step_s / batch:.3f} s per procedure", file=sys.stderr, flush=True)
             del runs
     by = {(r["modality"], r["n"], r["pair_encoding"]): r for r in records}
     for r in records:
