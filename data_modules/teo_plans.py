@@ -17,7 +17,8 @@ Encoding a plan (:class:`PlanCollator`): each step is tokenised on its own (``[C
 at most ``max_step_tokens`` word pieces and ``max_sentences`` sentences, as the pair collator
 does); the model packs the steps of a *window* into one sequence ``[CLS] s_i [SEP] s_i+1 [SEP] ...``
 (:func:`seqaware.encoders.base.pack_steps`).  A plan that fits ``max_tokens`` is one window; a
-longer one is cut into windows of whole steps (:func:`plan_windows`), each step *owned* by exactly
+longer one is cut into windows of whole steps (:func:`seqaware.encoders.steps.step_windows`, one home
+with BERSON's joint pair encoding), each step *owned* by exactly
 one window in which it has as much context on both sides as fits.  No step is ever dropped and the
 step indices the model sees are the plan's own, so the asked-about steps keep their positions.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -33,52 +34,11 @@ from data_modules.collate import first_sentences
 from data_modules.tasks.teo import teo_eval_sets, teo_pairs, teo_training_pairs, twin_presentations
 from data_modules.teo_encoder_pairs import TeoEncoderPairsDataModule
 from seqaware.metrics.teo import TEO_LABEL_ID
+from seqaware.encoders.steps import step_windows
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure
 
 log = logging.getLogger(__name__)
-
-
-def plan_windows(lengths: Sequence[int], budget: int) -> list[tuple[int, int, int, int]]:
-    """Windows of whole steps over a plan whose steps take ``lengths`` tokens each.
-
-    Returns ``(start, end, own_start, own_end)`` per window: the window holds steps
-    ``start..end-1`` (their token lengths sum to at most ``budget``) and *owns* steps
-    ``own_start..own_end-1``.  Every step is owned by exactly one window, windows are in plan
-    order.  A plan that fits ``budget`` is one window owning every step.  Otherwise each window's
-    owned core is grown from its first step up to ``budget // 2`` tokens (at least one step), then
-    context steps are added alternately after and before the core while they fit.
-
-    Raises ``ValueError`` when one step alone is longer than ``budget`` (the collator truncates
-    steps to ``max_step_tokens``, which it checks against ``max_tokens``).
-    """
-    n = len(lengths)
-    if any(length > budget for length in lengths):
-        raise ValueError(f"a step of {max(lengths)} tokens does not fit a window of {budget} tokens")
-    if sum(lengths) <= budget:
-        return [(0, n, 0, n)]
-    windows = []
-    own_start = 0
-    while own_start < n:
-        own_end, used = own_start + 1, lengths[own_start]
-        while own_end < n and used + lengths[own_end] <= budget // 2:
-            used += lengths[own_end]
-            own_end += 1
-        start, end = own_start, own_end
-        grown = True
-        while grown:
-            grown = False
-            if end < n and used + lengths[end] <= budget:
-                used += lengths[end]
-                end += 1
-                grown = True
-            if start > 0 and used + lengths[start - 1] <= budget:
-                start -= 1
-                used += lengths[start]
-                grown = True
-        windows.append((start, end, own_start, own_end))
-        own_start = own_end
-    return windows
 
 
 class PlanCollator:
@@ -115,7 +75,7 @@ class PlanCollator:
             texts = [first_sentences(t, self.max_sentences) for t in item["steps"]]
             ids = self.tokenizer(texts, truncation=True, max_length=self.max_step_tokens)["input_ids"]
             # packed, a step adds its tokens without its own [CLS]; the window adds one [CLS]
-            for start, end, own_start, own_end in plan_windows([len(x) - 1 for x in ids], self.max_tokens - 1):
+            for start, end, own_start, own_end in step_windows([len(x) - 1 for x in ids], self.max_tokens - 1):
                 windows.append([ids[i] for i in range(start, end)])
                 slots.append([(offset + i, own_start <= i < own_end) for i in range(start, end)])
             offset += len(ids)

@@ -3,15 +3,31 @@
 
     python scripts/bench_decode.py                       # decoders at n = 5, 10, 20 + BERSON training on CPU
     python scripts/bench_decode.py --train-only --bf16   # training samples/s under bf16 autocast
+    python scripts/bench_decode.py --pair-encodings --sizes 5 10 20 --json /tmp/bench_decode.json
+    python scripts/bench_decode.py --pair-encodings --sizes 5 --steps 2          # < 1 minute on a CPU
 
 Decoders: procedures/s of the pointer network's greedy and beam-16 search and of the pairwise
 topological sort (and the exact decoder at n <= 10), on random BERSON states of hidden size 384
 (MiniLM), batch 32.  Training: samples/s of the full BERSON step (pair encoding with the offline
 MiniLM encoder + decoder + backward + AdamW) on ROC-like 5-step stories, 4 per step.
+
+``--pair-encodings``: BERSON's two pair encodings (``model.pair_encoding``) side by side in one run,
+per procedure of n steps (``--sizes``) and modality (``--modalities``): ``text`` (MiniLM, offline
+weights) and ``multimodal`` (CLIP-ViL-style single-stream: MiniLM + EfficientNet-Lite0 grid tokens,
+the offline backbones, random images of ``--image-size`` px).  Figures per procedure: encoder passes,
+real encoder tokens (text + visual), forward FLOPs of the sequence encoder (measured with
+``torch.utils.flop_counter.FlopCounterMode``; the visual backbone runs once per step image in both
+paths and is left out) and of the whole encoding, and the training step time (forward + backward +
+AdamW; the median of ``--steps`` steps after one warm-up, the two paths' steps alternating so that
+the load of a shared machine falls on both alike) with the joint/pairwise speed-up.
+``--random-weights``: the same architectures with random weights (timing only).  Prints a table and
+one line ``BENCH_DECODE_JSON [{...}, ...]``; ``--json PATH`` writes the same list.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -104,6 +120,144 @@ def bench_training(steps: int, batch: int, bf16: bool, device: str, text: str = 
           f"{steps * batch / elapsed:.2f} samples/s, {elapsed / steps:.2f} s/step{mem}")
 
 
+MARKER = "BENCH_DECODE_JSON"
+WORDS = "she went to the store and bought some milk then came home happy after a long day".split()
+
+
+def _procedure_batch(n: int, batch: int, modality: str, text: str, image_size: int, seed: int = 0) -> dict:
+    """``batch`` shuffled procedures of ``n`` 9-word steps, collated; random step images unless text."""
+    from data_modules.collate import StepCollator
+    from data_modules.views import SequencingView
+    from seqaware.pretrained import load_tokenizer
+    from seqaware.procedure import Procedure, Step
+
+    g = torch.Generator().manual_seed(seed)
+    procs = [Procedure(id=f"p{k}", title="", split="train",
+                       steps=[Step(text=" ".join(WORDS[int(x)] for x in torch.randint(len(WORDS), (9,), generator=g)))
+                              for _ in range(n)]) for k in range(batch)]
+    view = SequencingView(procs, max_steps=n, seed=seed)
+    collate = StepCollator(tokenizer=load_tokenizer(text), max_steps=n, max_tokens=35, use_images=False)
+    out = collate([view[k] for k in range(batch)])
+    if modality == "multimodal":
+        out["pixel_values"] = torch.randn(batch, n, 3, image_size, image_size, generator=g)
+        out["image_mask"] = out["step_mask"].clone()
+    return out
+
+
+def _berson(modality: str, pair_encoding: str, text: str, random_weights: bool):
+    from seqaware.modules.berson import BersonModule
+
+    encoder = {"_target_": "seqaware.encoders.create_encoder", "name": "text" if modality == "text" else "clipvil",
+               "name_or_path": text, "tokenizer": text}
+    if random_weights:
+        from transformers import AutoConfig
+
+        from seqaware.pretrained import resolve_name
+
+        encoder["config"] = AutoConfig.from_pretrained(resolve_name(text)).to_dict()
+    if modality == "multimodal":  # configs/backbones/offline.yaml, the encoder's defaults (step embedding, 16 steps)
+        encoder["visual"] = {"name": "efficientnet_lite0", "pretrained": not random_weights}
+    torch.manual_seed(0)
+    return BersonModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 2e-5},
+                        pair_encoding=pair_encoding)
+
+
+def _encoder_load(model, batch: dict) -> dict:
+    """Encoder passes, real tokens and forward FLOPs of encoding ``batch`` once (no gradients)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    seen = {"passes": 0, "tokens": 0}
+    encoder = model.encoder
+    forward = encoder.forward
+
+    def counting(fusion: dict):
+        rows = 0
+        if "attention_mask" in fusion:
+            seen["tokens"] += int(fusion["attention_mask"].sum())
+            rows = fusion["attention_mask"].shape[0]
+        if "visual_feats" in fusion:
+            vmask = fusion["visual_mask"].bool()
+            per = fusion["patch_mask"].sum(-1) if "patch_mask" in fusion else fusion["visual_feats"].shape[2]
+            seen["tokens"] += int((vmask * per).sum())
+            if not encoder.uses_text:
+                seen["tokens"] += vmask.shape[0]  # the learned [CLS]
+            rows = vmask.shape[0]
+        seen["passes"] += rows
+        return forward(fusion)
+
+    encoder.forward = counting
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model.encode(batch)
+    finally:
+        del encoder.forward
+    flops = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    return {**seen, "encoder_flops": flops.get(type(encoder).__name__, 0), "total_flops": flops.get("Global", 0)}
+
+
+def _train_step(model, opt, batch: dict, bf16: bool, device: str) -> float:
+    """One BERSON training step (forward + backward + optimizer); its wall time in seconds."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+        loss = model._losses(batch)[0]["loss"]
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def bench_pair_encodings(sizes: list[int], modalities: list[str], steps: int, batch: int, bf16: bool, device: str,
+                         text: str, random_weights: bool, image_size: int) -> list[dict]:
+    """Pairwise vs joint pair encoding: one record per (modality, n, pair encoding), printed as a table."""
+    records = []
+    for modality in modalities:
+        for n in sizes:
+            data = _procedure_batch(n, batch, modality, text, image_size)
+            data = {k: v.to(device) if torch.is_tensor(v) else v for k, v in data.items()}
+            runs = {}
+            for pair_encoding in ("pairwise", "joint"):
+                model = _berson(modality, pair_encoding, text, random_weights).to(device)
+                load = _encoder_load(model.eval(), data)
+                # configs/model/berson.yaml's optimizer: fused AdamW (one kernel for all parameters)
+                opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, fused=True)
+                runs[pair_encoding] = (model.train(), opt, load, [])
+                _train_step(model, opt, data, bf16, device)  # warm-up
+            # the two paths' steps alternate, so a busy shared machine slows both alike
+            for _ in range(steps):
+                for model, opt, _, times in runs.values():
+                    times.append(_train_step(model, opt, data, bf16, device))
+            for pair_encoding, (_, _, load, times) in runs.items():
+                step_s = statistics.median(times)  # the median: robust to a burst of load on a shared machine
+                records.append({"modality": modality, "n": n, "pair_encoding": pair_encoding, "batch": batch,
+                                "device": device, "bf16": bf16, "random_weights": random_weights,
+                                "image_size": image_size if modality == "multimodal" else None,
+                                "encoder_passes": load["passes"] / batch, "tokens": load["tokens"] / batch,
+                                "encoder_flops": load["encoder_flops"] / batch, "total_flops": load["total_flops"] / batch,
+                                "step_s": step_s, "step_s_per_procedure": step_s / batch})
+                print(f"{modality} n={n} {pair_encoding}: {step_s / batch:.3f} s per procedure", file=sys.stderr, flush=True)
+            del runs
+    by = {(r["modality"], r["n"], r["pair_encoding"]): r for r in records}
+    for r in records:
+        if r["pair_encoding"] == "joint":
+            base = by[(r["modality"], r["n"], "pairwise")]
+            r["speedup"] = base["step_s"] / r["step_s"]
+            r["flops_ratio"] = base["encoder_flops"] / max(r["encoder_flops"], 1)
+    weights = "random weights" if random_weights else "offline weights"
+    print(f"BERSON pair encodings ({device}, {'bf16 autocast' if bf16 else 'fp32'}, {weights}, batch {batch}, "
+          f"{steps} timed steps): per procedure")
+    print("| modality | n | pair encoding | encoder passes | encoder tokens | encoder GFLOPs (fwd) | encode GFLOPs (fwd) "
+          "| train step s | joint speed-up |\n|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in records:
+        speed = f"{r['speedup']:.1f}x" if "speedup" in r else "-"
+        print(f"| {r['modality']} | {r['n']} | {r['pair_encoding']} | {r['encoder_passes']:.0f} | {r['tokens']:.0f} | "
+              f"{r['encoder_flops'] / 1e9:.2f} | {r['total_flops'] / 1e9:.2f} | {r['step_s_per_procedure']:.3f} | {speed} |")
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=384)
@@ -111,15 +265,36 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[5, 10, 20])
     parser.add_argument("--beam", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--train-steps", type=int, default=10)
-    parser.add_argument("--train-batch", type=int, default=4)
+    parser.add_argument("--train-steps", "--steps", type=int, default=None, dest="train_steps",
+                        help="timed training steps after one warm-up (default 10; --pair-encodings: 2)")
+    parser.add_argument("--train-batch", type=int, default=None,
+                        help="procedures per training step (default 4; --pair-encodings: 2)")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--text", default="offline:minilm", help="text encoder weights (alias, folder or hub id)")
     parser.add_argument("--random-weights", action="store_true", help="the text encoder's architecture with random weights")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--train-only", action="store_true")
     parser.add_argument("--decode-only", action="store_true")
+    parser.add_argument("--pair-encodings", action="store_true",
+                        help="BERSON training step, pairwise vs joint pair encoding (model.pair_encoding), per procedure")
+    parser.add_argument("--modalities", nargs="+", choices=["text", "multimodal"], default=["text", "multimodal"])
+    parser.add_argument("--image-size", type=int, default=128, help="--pair-encodings multimodal: image px (128: berson_finetune)")
+    parser.add_argument("--json", type=Path, default=None, help="--pair-encodings: also write the figures to this JSON file")
     args = parser.parse_args()
+    # --pair-encodings: a 20-step procedure is 380 pairwise encoder passes; fewer, smaller steps keep the run short
+    args.train_steps = args.train_steps or (2 if args.pair_encodings else 10)
+    args.train_batch = args.train_batch or (2 if args.pair_encodings else 4)
+    if args.pair_encodings:
+        records = bench_pair_encodings(args.sizes, args.modalities, args.train_steps, args.train_batch, args.bf16,
+                                       args.device, args.text, args.random_weights, args.image_size)
+        print(f"{MARKER} {json.dumps(records)}")
+        if args.json:
+            from seqaware.io import atomic_open
+
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_open(args.json, "w") as handle:
+                json.dump(records, handle, indent=1)
+        return
     if not args.train_only:
         bench_decoders(args.hidden, args.batch, args.sizes, args.beam, args.repeats)
     if not args.decode_only:

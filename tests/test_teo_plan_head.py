@@ -10,7 +10,8 @@ from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_su
 
 from data_modules.adapters.catbench import read_catbench
 from data_modules.tasks.teo import teo_training_pairs
-from data_modules.teo_plans import PlanCollator, catbench_plan_items, plan_item, plan_windows
+from data_modules.teo_plans import PlanCollator, catbench_plan_items, plan_item
+from seqaware.encoders.steps import step_windows
 from seqaware.metrics.classification import binary_report, choose_threshold, twin_consistency
 from seqaware.modules.teo_plan_head import SWAP, TeoPlanHeadModule, relations
 from seqaware.objectives.base import EncoderOutput
@@ -37,7 +38,7 @@ def long_plan(n: int = 23) -> list[str]:
 # ---------------------------------------------------------------- windows and step positions
 @pytest.mark.parametrize("lengths, budget", [([5] * 30, 23), ([3, 17, 2, 9, 11, 1, 20, 4, 6, 8, 13], 25), ([7], 7), ([4, 4], 100)])
 def test_windows_own_every_step_once_and_fit(lengths, budget):
-    windows = plan_windows(lengths, budget)
+    windows = step_windows(lengths, budget)
     owned = [i for _, _, s, e in windows for i in range(s, e)]
     assert owned == list(range(len(lengths)))                       # each step once, in plan order
     for start, end, own_start, own_end in windows:
@@ -48,14 +49,14 @@ def test_windows_own_every_step_once_and_fit(lengths, budget):
 
 
 def test_window_gives_an_owned_step_context_on_both_sides():
-    windows = plan_windows([5] * 30, 40)
+    windows = step_windows([5] * 30, 40)
     middle = next(w for w in windows if w[2] <= 15 < w[3])
     assert middle[0] < middle[2] and middle[3] < middle[1]          # steps before and after the owned core
 
 
 def test_a_step_longer_than_a_window_is_an_error():
     with pytest.raises(ValueError, match="does not fit a window"):
-        plan_windows([3, 50], 40)
+        step_windows([3, 50], 40)
     with pytest.raises(ValueError, match="max_step_tokens=80 must not exceed data.max_tokens=64"):
         PlanCollator(None, max_tokens=64, max_step_tokens=80)
 
@@ -269,3 +270,47 @@ def test_rfg_rows_answer_from_the_flow_graph(shared_data):
     rows = score(questions, rfg_answers(questions, shared_data / "rfg" / "r-100"))
     assert rows["r-FG path"]["recall"] == 1.0 and rows["r-FG path"]["invalid_rate"] == 0.0
     assert rows["r-FG direct"]["invalid_rate"] == 0.0 and rows["r-FG direct"]["recall"] < rows["r-FG path"]["recall"]
+
+
+# ---------------------------------------------------------------- the shared step home (seqaware.encoders.steps)
+def _reference_logits(model: TeoPlanHeadModule, batch: dict) -> torch.Tensor:
+    """The plan head's logits as computed before step pooling and pair features moved to
+    :mod:`seqaware.encoders.steps` (kept inline: the refactor must not change a bit)."""
+    from seqaware.encoders.base import pack_steps
+    from seqaware.modules.teo_plan_head import mirror_logits, pair_position_features, sinusoidal_positions
+
+    slot_used = batch["window_step"] >= 0
+    fusion = pack_steps(batch["input_ids"], batch["attention_mask"], slot_used, model.encoder.cls_token_id,
+                        model.encoder.pad_token_id)
+    tokens = model.encoder(fusion).text_states
+    local = fusion["text_step"]
+    slot = local.clamp(min=0)
+    index = batch["window_step"].gather(1, slot)
+    owned = batch["window_owner"].gather(1, slot) & (local >= 0)
+    num_steps = batch["num_steps"]
+    total = int(num_steps.sum())
+    sums = tokens.new_zeros(total, tokens.shape[-1]).index_add_(0, index[owned], tokens[owned])
+    counts = tokens.new_zeros(total).index_add_(0, index[owned], tokens.new_ones(int(owned.sum())))
+    steps = sums / counts[:, None]
+    B, S = len(num_steps), int(num_steps.max())
+    plan = torch.repeat_interleave(torch.arange(B), num_steps)
+    pos = torch.arange(total) - (torch.cumsum(num_steps, 0) - num_steps)[plan]
+    out = tokens.new_zeros(B, S, tokens.shape[-1])
+    out[plan, pos] = steps
+    mask = torch.arange(S)[None, :] < num_steps[:, None]
+    h = model.step_proj(out) + sinusoidal_positions(torch.arange(S), model.hparams.step_dim)
+    h = model.step_encoder(h, src_key_padding_mask=~mask)
+    ha = h[:, :, None, :].expand(-1, -1, S, -1)
+    hb = h[:, None, :, :].expand(-1, S, -1, -1)
+    logits = model.pair_mlp(torch.cat([ha, hb, ha * hb, ha - hb, pair_position_features(num_steps, S)], -1))
+    return mirror_logits(logits)
+
+
+@pytest.mark.parametrize("max_tokens", [512, 40])
+def test_logits_are_bit_for_bit_those_before_the_shared_step_module(max_tokens):
+    tok = load_tokenizer("offline:minilm")
+    model = tiny_module().eval()
+    batch = PlanCollator(tok, max_tokens=max_tokens, max_step_tokens=20)(
+        [{"plan_id": "q", "steps": long_plan(11)}, {"plan_id": "p", "steps": ["Cut.", "Cook.", "Serve."]}])
+    with torch.no_grad():
+        assert torch.equal(model(batch), _reference_logits(model, batch))

@@ -90,6 +90,9 @@ MARKS = {"berson_roc": [pytest.mark.shared_data, pytest.mark.slow], "berson_fine
          "clipvil_pretrain": [pytest.mark.slow],
          "visualbert_pretrain": [pytest.mark.slow], "clip_image_pretrain": [pytest.mark.slow],
          "teo_lora_synthetic": [pytest.mark.slow]}
+# Options of a shipped experiment that fast-dev-run too (defaults only, both precisions): name -> (experiment,
+# overrides on top of its SMOKE entry, marks of the 32-true run; bf16-mixed is slow as the base experiment's runs).
+VARIANTS = {"berson_finetune_joint": ("berson_finetune", ["model.pair_encoding=joint"], [])}  # one pass per procedure: cheap
 # extra overrides beyond the tiny world (test_wu2022_preset reuses them)
 TINY_EXTRA = {name: overrides for name, (overrides, _, _) in SMOKE.items()}
 # Every preset (configs/hparams/) and the experiments it is made for: each pair fast-dev-runs too.
@@ -119,6 +122,10 @@ def _matrix():
                     marks.append(pytest.mark.slow)
                 yield pytest.param(experiment, preset, precision, marks=marks,
                                    id=f"{experiment}-{preset or 'defaults'}-{precision}")
+    for name, (experiment, _, fp32_marks) in sorted(VARIANTS.items()):
+        for precision in PRECISIONS:
+            marks = list(fp32_marks) if precision == "32-true" else list(MARKS.get(experiment, [pytest.mark.slow]))
+            yield pytest.param(name, None, precision, marks=marks, id=f"{name}-defaults-{precision}")
 
 
 def test_every_shipped_experiment_and_preset_has_a_smoke_run():
@@ -130,7 +137,9 @@ def test_every_shipped_experiment_and_preset_has_a_smoke_run():
 
 @pytest.mark.parametrize("experiment, preset, precision", _matrix())
 def test_fast_dev_run_every_experiment_preset_and_precision(compose_train, experiment, preset, precision, caplog):
+    experiment, variant = VARIANTS.get(experiment, (experiment, [], []))[:2]
     overrides, keys, check = SMOKE[experiment]
+    overrides = [*overrides, *variant]
     caplog.set_level(logging.INFO, logger="seqaware.train")
     cfg = compose_train(f"experiment={experiment}", *([f"hparams={preset}"] if preset else []), "trainer.fast_dev_run=true",
                         *overrides, *PRESET_EXTRA.get(preset, []), f"trainer.precision={precision}")

@@ -1,11 +1,27 @@
 """Lightning module for BERSON order decoding fine-tuned end to end (``experiment=berson_*``).
 
-Wiring only: a sequence encoder (:mod:`seqaware.encoders`) encodes every ordered pair of steps
-jointly, the BERSON network (:mod:`decoders.berson`) turns the pair states into an order, and the
-ordering metrics score it.
+Wiring only: a sequence encoder (:mod:`seqaware.encoders`) gives a state per ordered pair of steps,
+the BERSON network (:mod:`decoders.berson`) turns the pair states into an order, and the ordering
+metrics score it.  ``model.pair_encoding`` chooses how the pair states are obtained:
 
-Pairs.  For an instance with n steps the n(n-1) ordered pairs (i, j) are built with index tensors
-(no Python loop over pairs) and encoded in chunks of ``pair_chunk`` pairs, so a 20-step procedure
+``pairwise`` (default, BERSON's paper-exact encoding)
+    every ordered pair of steps is encoded jointly by the encoder: n(n-1) passes per procedure.
+``joint``
+    the whole procedure, in the (shuffled) order the batch presents its steps, is encoded once as
+    pretraining encodes a step sequence (``[CLS] s_0 [SEP] s_1 [SEP] ...`` + every step image's
+    tokens, :func:`seqaware.encoders.steps.encode_steps`); a step's state is the mean of its text and
+    image token states; procedures over ``joint_max_tokens`` (or the encoder's positions / step
+    embedding table) are encoded in windows of whole steps, each step taken from the one window that
+    owns it.  :class:`seqaware.encoders.steps.PairStates` builds the pair-specific vectors of both
+    steps and the pair's [CLS] from the two step states, so the decoder, beam search, the pairwise
+    decoders, the losses and ``multi_reference_targets`` run unchanged.  No position leak: the data
+    module presents the steps in a permutation drawn independently of the gold order, in training
+    (:class:`data_modules.views.SequencingView` with ``reshuffle=True``: a new one per epoch) and in
+    evaluation (one fixed per ``(seed, procedure id)``), and the collator keeps that order; so the
+    text positions and step-index embeddings of the joint pass say nothing about the gold order.
+
+Pairs (``pairwise``).  For an instance with n steps the n(n-1) ordered pairs (i, j) are built with
+index tensors (no Python loop over pairs) and encoded in chunks of ``pair_chunk`` pairs, so a 20-step procedure
 (380 pairs) fits in memory; ``checkpoint_chunks`` recomputes each chunk's activations in backward.
 Text: ``[CLS] step_i [SEP] step_j [SEP]``.  Images: the visual backbone runs once per step image
 and the pair gathers the two steps' visual tokens, so the segment of step i inside a pair is its
@@ -22,10 +38,12 @@ from torch.utils.checkpoint import checkpoint
 from decoders import PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, BersonState, pair_index, take_steps
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
+from seqaware.encoders.steps import PairStates, encode_steps
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
 from seqaware.modules.sequencing import pairwise_targets, reference_targets
 
 POINTER_DECODERS = ("beam", "greedy")
+PAIR_ENCODINGS = ("pairwise", "joint")
 
 
 class BersonModule(OrderingEvalMixin, SeqawareModule):
@@ -43,6 +61,11 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         head_lr: learning rate of the BERSON network (default: the optimiser's lr, as in BERSON).
         reference_selection: ``joint`` | ``wu2022``: which reference of a multi-reference instance is
             scored (:func:`seqaware.metrics.ordering.select_reference`).
+        pair_encoding: ``pairwise`` (BERSON: every pair through the encoder) | ``joint`` (one pass per
+            procedure, pair states from step states; see the module docstring).
+        joint_max_tokens: ``joint`` only: tokens per encoder pass (text + visual, the window's [CLS]
+            included; also capped by the encoder's positions); longer procedures are windowed.
+        pair_dropout: ``joint`` only: dropout of the pair module.
         multi_reference_targets: train (and score the losses) against every reference order of an
             instance: the pointer's NLL at step t is that of pointing at any step some reference puts
             next after the authored prefix, and the pairwise loss counts only the pairs every reference
@@ -52,26 +75,38 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
 
     Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
     the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
-    with ``trainable: false``; nothing else (every Dropout of the encoder and the BERSON network trains).
+    with ``trainable: false``; nothing else (every Dropout of the encoder, the pair module and the
+    BERSON network trains).
     """
 
     def __init__(self, encoder: dict, optimizer: dict, decoder: Optional[dict] = None, scheduler: Optional[dict] = None,
                  decoding: str = "beam", beam_size: int = 16, pair_chunk: int = 128, checkpoint_chunks: bool = False,
                  head_lr: Optional[float] = None, reference_selection: str = "joint",
-                 multi_reference_targets: bool = False):
+                 multi_reference_targets: bool = False, pair_encoding: str = "pairwise", joint_max_tokens: int = 512,
+                 pair_dropout: float = 0.1):
         super().__init__()
         if decoding not in POINTER_DECODERS and decoding not in PAIRWISE_DECODERS:
             raise ValueError(f"model.decoding must be one of {list(POINTER_DECODERS) + sorted(PAIRWISE_DECODERS)}, "
                              f"got {decoding!r}")
+        if pair_encoding not in PAIR_ENCODINGS:
+            raise ValueError(f"model.pair_encoding must be one of {list(PAIR_ENCODINGS)}, got {pair_encoding!r}")
+        if int(joint_max_tokens) < 2:
+            raise ValueError(f"model.joint_max_tokens must be at least 2 ([CLS] + one token), got {joint_max_tokens!r}")
         self.save_hyperparameters({"encoder": as_container(encoder), "decoder": as_container(decoder or {}),
                                    "optimizer": as_container(optimizer), "scheduler": as_container(scheduler),
                                    "decoding": decoding, "beam_size": beam_size, "pair_chunk": pair_chunk,
                                    "checkpoint_chunks": checkpoint_chunks, "head_lr": head_lr,
                                    "reference_selection": reference_selection,
-                                   "multi_reference_targets": multi_reference_targets})
+                                   "multi_reference_targets": multi_reference_targets,
+                                   "pair_encoding": pair_encoding, "joint_max_tokens": joint_max_tokens,
+                                   "pair_dropout": pair_dropout})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
+        self.pair_encoding = pair_encoding
+        self.joint_max_tokens = int(joint_max_tokens)
+        # joint: pair states from step states (no parameters under pairwise, so its checkpoints are unchanged)
+        self.pair_states = PairStates(self.encoder.hidden_size, pair_dropout) if pair_encoding == "joint" else None
         self.decoding = decoding
         self.beam_size = int(beam_size)
         self.pair_chunk = int(pair_chunk)
@@ -82,6 +117,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
     def param_groups(self) -> list[dict]:
         enc = [p for p in self.encoder.parameters() if p.requires_grad]
         dec = [p for p in self.decoder.parameters() if p.requires_grad]
+        if self.pair_states is not None:
+            dec += [p for p in self.pair_states.parameters() if p.requires_grad]
         head = {"params": dec}
         if self.hparams.head_lr is not None:
             head["lr"] = float(self.hparams.head_lr)
@@ -117,7 +154,9 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         return first, second, out.cls
 
     def encode(self, batch: dict) -> BersonState:
-        """Encode every ordered pair of every instance and build the decoder state."""
+        """Encode every ordered pair of every instance and build the decoder state (``model.pair_encoding``)."""
+        if self.pair_encoding == "joint":
+            return self.encode_joint(batch)
         step_mask = batch["step_mask"]
         index = pair_index(step_mask)
         b, i, j = index
@@ -145,6 +184,14 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             else:
                 parts.append(self._encode_chunk(*args))
         first, second, cls = (torch.cat(p, 0) for p in zip(*parts))
+        return self.decoder.encode(first, second, cls, index, step_mask)
+
+    def encode_joint(self, batch: dict) -> BersonState:
+        """``pair_encoding=joint``: one encoder pass per procedure (window), pair states from step states."""
+        step_mask = batch["step_mask"]
+        steps = encode_steps(self.encoder, batch, self.joint_max_tokens)        # (B, n, H)
+        index = pair_index(step_mask)
+        first, second, cls = self.pair_states(steps, index)
         return self.decoder.encode(first, second, cls, index, step_mask)
 
     # ------------------------------------------------------------------ steps

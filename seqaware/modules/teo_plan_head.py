@@ -5,7 +5,7 @@ sees the plan.  This model reads it:
 
 1. **Token level.**  The plan's steps are packed into ``[CLS] s_0 [SEP] s_1 [SEP] ...`` and run
    through the sequence encoder (MiniLM by default) once; plans longer than ``data.max_tokens`` are
-   encoded in windows of whole steps (:func:`data_modules.teo_plans.plan_windows`), each step taken
+   encoded in windows of whole steps (:func:`seqaware.encoders.steps.step_windows`), each step taken
    from the one window that owns it.  A step's embedding is the mean of its token states (the
    pooling all-MiniLM-L6-v2 was trained with), so every step is seen with the text around it.
 2. **Step level.**  A small transformer over the plan's step embeddings, with sinusoidal
@@ -48,6 +48,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps
+from seqaware.encoders.steps import pair_features, scatter_steps, step_means
 from seqaware.metrics.classification import binary_rows, choose_threshold, format_table, twin_consistency
 from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, predicted_pair_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
@@ -168,7 +169,8 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         return groups
 
     def step_embeddings(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean token state of every step, from the window that owns it: (B, S, H) and the step mask (B, S)."""
+        """Mean token state of every step, from the window that owns it: (B, S, H) and the step mask (B, S)
+        (:func:`~seqaware.encoders.steps.step_means`, :func:`~seqaware.encoders.steps.scatter_steps`)."""
         slot_used = batch["window_step"] >= 0
         fusion = pack_steps(batch["input_ids"], batch["attention_mask"], slot_used,
                             self.encoder.cls_token_id, self.encoder.pad_token_id)
@@ -178,20 +180,8 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         index = batch["window_step"].gather(1, slot)                           # batch-wide step index
         owned = batch["window_owner"].gather(1, slot) & (local >= 0)
         num_steps = batch["num_steps"].to(tokens.device)
-        total = int(num_steps.sum())
-        sums = tokens.new_zeros(total, tokens.shape[-1]).index_add_(0, index[owned], tokens[owned])
-        counts = tokens.new_zeros(total).index_add_(0, index[owned], tokens.new_ones(int(owned.sum())))
-        if bool((counts == 0).any()):
-            raise RuntimeError("a step has no token in the window that owns it (empty step text?)")
-        steps = sums / counts[:, None]
-        B, S = len(num_steps), int(num_steps.max())
-        plan = torch.repeat_interleave(torch.arange(B, device=tokens.device), num_steps)
-        offsets = torch.cumsum(num_steps, 0) - num_steps
-        pos = torch.arange(total, device=tokens.device) - offsets[plan]
-        out = tokens.new_zeros(B, S, tokens.shape[-1])
-        out[plan, pos] = steps
-        mask = torch.arange(S, device=tokens.device)[None, :] < num_steps[:, None]
-        return out, mask
+        steps = step_means(tokens, index, owned, int(num_steps.sum()))
+        return scatter_steps(steps, num_steps)
 
     def forward(self, batch: dict) -> torch.Tensor:
         """(B, S, S, 3) before / after / independent logits of every presentation (a, b)."""
@@ -207,7 +197,7 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
             h = self.step_encoder(h, src_key_padding_mask=~mask)
         ha = h[:, :, None, :].expand(-1, -1, S, -1)
         hb = h[:, None, :, :].expand(-1, S, -1, -1)
-        feats = torch.cat([ha, hb, ha * hb, ha - hb, pair_position_features(num_steps.to(h.device), S)], -1)
+        feats = torch.cat([pair_features(ha, hb), pair_position_features(num_steps.to(h.device), S)], -1)
         logits = self.pair_mlp(feats)
         return mirror_logits(logits) if self.hparams.mirror else logits
 

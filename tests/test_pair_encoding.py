@@ -1,0 +1,191 @@
+"""BERSON's pair encodings (``model.pair_encoding``): ``pairwise`` (n(n-1) encoder passes, the default)
+and ``joint`` (one pass per procedure, pair states from step states; seqaware/encoders/steps.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoders import PAIRWISE_DECODERS
+from seqaware.encoders.steps import encode_steps, step_windows
+from seqaware.objectives.base import EncoderOutput
+from test_berson import _module
+from test_encoders import TINY_ENCODERS, fake_batch
+
+
+def _batch(modality: str, n_steps=(5, 3)):
+    """Shuffled procedures of ``n_steps`` steps (no truncation), collated; random images unless text."""
+    from data_modules.collate import StepCollator
+    from data_modules.views import SequencingView
+    from seqaware.pretrained import load_tokenizer
+    from seqaware.procedure import Procedure, Step
+
+    procs = [Procedure(id=f"p{k}", steps=[Step(text=f"step {i} of procedure {k} with " + "some words " * (i % 3))
+                                          for i in range(n)]) for k, n in enumerate(n_steps)]
+    view = SequencingView(procs, max_steps=max(n_steps), seed=0)
+    collate = StepCollator(tokenizer=load_tokenizer("offline:minilm"), max_steps=max(n_steps), image_size=64,
+                           use_text=modality != "image", use_images=False)
+    batch = collate([view[k] for k in range(len(procs))])
+    if modality != "text":
+        g = torch.Generator().manual_seed(0)
+        B, S = batch["step_mask"].shape
+        batch["pixel_values"] = torch.randn(B, S, 3, 64, 64, generator=g)
+        batch["image_mask"] = batch["step_mask"].clone()
+    return batch
+
+
+def _joint(modality: str = "text", **kwargs):
+    return _module(modality, pair_encoding="joint", pair_dropout=0.0, **kwargs)
+
+
+def _context_free(module) -> None:
+    """Token state = word embedding: a step's state is the mean of its own word embeddings in any window."""
+    emb = module.encoder.word_embeddings
+
+    def forward(fusion):
+        states = emb(fusion["input_ids"])
+        return EncoderOutput(cls=states[:, 0], text_states=states)
+    module.encoder.forward = forward  # type: ignore[method-assign]
+
+
+def test_joint_states_have_the_pairwise_shapes_and_masks_for_mixed_lengths():
+    batch = _batch("text", n_steps=(5, 3, 2))
+    joint, pairwise = _joint().eval(), _module("text").eval()
+    with torch.no_grad():
+        a, b = joint.encode(batch), pairwise.encode(batch)
+        steps = encode_steps(joint.encoder, batch, 512)
+    mask = batch["step_mask"]
+    assert steps.shape == (3, 5, 32) and torch.equal(steps.abs().sum(-1) > 0, mask)   # padding slots: 0
+    for name in ("context", "paragraph", "relations", "pair_logits", "step_mask"):
+        assert getattr(a, name).shape == getattr(b, name).shape, name
+    valid = mask[:, :, None] & mask[:, None, :] & ~torch.eye(5, dtype=torch.bool)
+    assert torch.equal(a.relations.abs().sum(-1) > 0, valid)                          # padding / diagonal: 0
+    assert torch.equal(a.pair_logits != 0, valid)
+    assert not a.context[~mask].any() and a.context[mask].abs().sum(-1).gt(0).all()
+
+
+def test_hand_set_pair_scores_decode_to_the_same_order_through_both_paths():
+    batch = _batch("text", n_steps=(6, 4))
+    gold = batch["gold"]
+    rank = torch.full(gold.shape, 99)                        # rank[b, step] = its place in the gold order
+    for k, row in enumerate(gold.tolist()):
+        for place, step in enumerate(s for s in row if s >= 0):
+            rank[k, step] = place
+    scores = (rank[:, None, :] - rank[:, :, None]).float()  # > 0: i before j
+    orders = {}
+    for name, module in (("joint", _joint()), ("pairwise", _module("text"))):
+        with torch.no_grad():
+            state = module.eval().encode(batch)
+        state.pair_logits = scores * (state.pair_logits != 0)   # the pairs the state marks valid, hand-set
+        orders[name] = {dec: fn(state.pair_logits, state.step_mask) for dec, fn in PAIRWISE_DECODERS.items()}
+    expected = [[s for s in row if s >= 0] for row in gold.tolist()]
+    for dec in PAIRWISE_DECODERS:
+        assert orders["joint"][dec] == orders["pairwise"][dec] == expected, dec
+
+
+def test_pointer_decoders_run_on_the_joint_state():
+    module = _joint(decoding="beam", beam_size=4).eval()
+    batch = _batch("text", n_steps=(5, 3))
+    with torch.no_grad():
+        state = module.encode(batch)
+        beam, greedy = module.decode(state), module.decoder.greedy(state)
+    assert [sorted(o) for o in beam] == [sorted(o) for o in greedy] == [list(range(5)), list(range(3))]
+    assert module.decoder.beam_search(state, 1) == greedy
+
+
+def test_a_tiny_joint_run_learns():
+    module = _joint().train()
+    batch = _batch("text", n_steps=(5, 4))
+    opt = torch.optim.AdamW(module.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss = module._losses(batch)[0]["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_multi_reference_targets_train_under_joint():
+    from test_berson import _dag_batch
+
+    module = _joint(multi_reference_targets=True).train()
+    loss = module._losses(_dag_batch())[0]["loss"]
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
+
+
+def test_windowing_takes_every_step_once_and_keeps_its_state():
+    module = _joint(joint_max_tokens=40).eval()
+    _context_free(module)
+    n = 12
+    batch = _batch("text", n_steps=(n, 3))
+    lengths = (batch["attention_mask"].sum(-1) - 1)[0, :n].tolist()
+    windows = step_windows(lengths, 39)
+    assert len(windows) > 1                                                   # the budget forces windows
+    assert [i for _, _, s, e in windows for i in range(s, e)] == list(range(n))  # each step owned once, in order
+    assert all(sum(lengths[start:end]) <= 39 for start, end, _, _ in windows)
+    calls = []
+    forward = module.encoder.forward
+    module.encoder.forward = lambda fusion: calls.append(fusion["input_ids"].shape[0]) or forward(fusion)  # type: ignore[method-assign]
+    with torch.no_grad():
+        windowed = encode_steps(module.encoder, batch, 40)
+        whole = encode_steps(module.encoder, batch, 512)
+    assert calls == [len(windows) + 1, 2]                                      # one pass: every window of the batch
+    torch.testing.assert_close(windowed, whole)
+    emb = module.encoder.word_embeddings
+    for k in range(n):                                                        # the mean of the step's own word pieces
+        ids = batch["input_ids"][0, k][batch["attention_mask"][0, k].bool()][1:-1]
+        torch.testing.assert_close(windowed[0, k], emb(ids).mean(0))
+
+
+def test_windows_respect_the_step_embedding_table():
+    windows = step_windows([3] * 20, 1000, max_steps=6)
+    assert all(e - s <= 6 for s, e, _, _ in windows)
+    assert [i for _, _, s, e in windows for i in range(s, e)] == list(range(20))
+    assert step_windows([3] * 5, 1000, max_steps=6) == [(0, 5, 0, 5)]
+    module = _joint("multimodal").eval()                                      # step embedding table of 4 steps
+    module.encoder.max_steps = 4
+    with torch.no_grad():
+        state = module.encode(_batch("multimodal", n_steps=(9, 3)))
+    assert state.context.shape[:2] == (2, 9)
+
+
+def test_a_step_over_the_budget_names_the_config_key():
+    module = _joint(joint_max_tokens=4).eval()
+    with pytest.raises(ValueError, match="model.joint_max_tokens"):
+        module.encode(_batch("text", n_steps=(3,)))
+
+
+@pytest.mark.parametrize("name", sorted(TINY_ENCODERS))
+def test_every_encoder_kind_trains_under_joint(name):
+    from seqaware.modules.berson import BersonModule
+
+    torch.manual_seed(0)
+    encoder = {"_target_": "seqaware.encoders.create_encoder", "name": name, **TINY_ENCODERS[name]}
+    module = BersonModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3},
+                          decoder={"paragraph_heads": 4, "dropout": 0.0}, pair_encoding="joint").train()
+    batch = fake_batch()                                     # a step without image, a padding step, boxes
+    batch["gold"] = torch.tensor([[2, 0, 1], [1, 0, -1]])
+    batch["meta"] = [{}, {}]
+    loss = module._losses(batch)[0]["loss"]
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
+    assert any(n.startswith("encoder.") and g.abs().sum() > 0 for n, g in grads.items())
+    assert any(n.startswith("pair_states.") for n in grads)
+    if module.encoder.uses_images and getattr(module.encoder, "visual", None) is not None:
+        assert any(n.startswith("encoder.visual") and g.abs().sum() > 0 for n, g in grads.items())
+
+
+def test_pairwise_stays_the_default_and_has_no_pair_module():
+    module = _module("text")
+    assert module.pair_encoding == "pairwise" and module.pair_states is None
+    assert not any(k.startswith("pair_states") for k in module.state_dict())
+
+
+def test_a_bad_pair_encoding_is_named():
+    with pytest.raises(ValueError, match="model.pair_encoding"):
+        _module("text", pair_encoding="bad")
+    with pytest.raises(ValueError, match="model.joint_max_tokens"):
+        _module("text", pair_encoding="joint", joint_max_tokens=1)
