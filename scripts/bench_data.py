@@ -94,6 +94,7 @@ def step_rate(cfg: Any, datamodule: Any, steps: int, warmup: int) -> float:
     timer = StepTimer()
     trainer = pl.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
                          max_steps=warmup + steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+                         default_root_dir=cfg.paths.output_dir,   # what a run writes (encoder.pt) stays in --run-dir
                          gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
                          accumulate_grad_batches=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
