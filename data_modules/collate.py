@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -62,12 +63,17 @@ class StepCollator:
             ``missing_image`` policy applies; a step without a usable image gets zero features and
             an all-False ``patch_mask``; an image without a cache file is an error naming both.
             Ignored without ``use_images``.
+        image_cache_mb: memory for decoded, resized step images (uint8), so an image is decoded once
+            per process rather than once per epoch (least recently used evicted first; 0: no cache).
+            A 128-px image takes 48 KiB, a 224-px one 147 KiB; each loader worker keeps its own.
     """
 
     def __init__(self, tokenizer: Any = None, max_steps: int = 5, max_sentences: int = 5, max_tokens: int = 60,
                  image_size: int = 224, image_mean: Sequence[float] = IMAGENET_MEAN, image_std: Sequence[float] = IMAGENET_STD,
                  use_text: bool = True, use_images: bool = True, missing_image: str = "error", max_boxes: int = 0,
-                 region_features: str | None = None):
+                 region_features: str | None = None, image_cache_mb: float = 512):
+        if image_cache_mb < 0:
+            raise ValueError(f"data.collator.image_cache_mb must be >= 0 (0: no cache), got {image_cache_mb}")
         if missing_image not in ("error", "blank"):
             raise ValueError(f"data.collator.missing_image must be 'error' or 'blank', got {missing_image!r}")
         if use_text and tokenizer is None:
@@ -77,6 +83,9 @@ class StepCollator:
         self.max_sentences = max_sentences
         self.max_tokens = max_tokens
         self.transform = ImageTransform(image_size, image_mean, image_std)
+        self._decoded: OrderedDict[str, tuple[np.ndarray, tuple[int, int]]] = OrderedDict()
+        self._decoded_budget = int(image_cache_mb * 2 ** 20)
+        self._decoded_bytes = 0
         self.use_text = use_text
         self.use_images = use_images
         self.missing_image = missing_image
@@ -91,20 +100,38 @@ class StepCollator:
 
             self.region_cache = RegionFeatureCache(region_features, max_regions=max_boxes)
 
-    def _image(self, item: ViewItem, step) -> tuple[np.ndarray, bool, tuple[int, int] | None]:
-        """The step's first image as a normalised (3, H, W) array, whether it is usable, its size."""
+    def _decode(self, path: str) -> tuple[np.ndarray, tuple[int, int]]:
+        """The image's resized uint8 pixels and its original (width, height), from the cache when there."""
+        hit = self._decoded.get(path)
+        if hit is not None:
+            self._decoded.move_to_end(path)
+            return hit
+        img = open_rgb(path)
+        entry = (self.transform.pixels(img), img.size)
+        if self._decoded_budget:
+            self._decoded[path] = entry
+            self._decoded_bytes += entry[0].nbytes
+            while self._decoded_bytes > self._decoded_budget:
+                self._decoded_bytes -= self._decoded.popitem(last=False)[1][0].nbytes
+        return entry
+
+    def _image(self, item: ViewItem, step, out: np.ndarray) -> tuple[bool, tuple[int, int] | None]:
+        """Write the step's first image, normalised, into ``out`` (3, H, W); whether it is usable, its size."""
         if not step.images:
-            return self.transform.blank_array(), False, None
+            out[...] = self.transform.blank_array()
+            return False, None
         path = self._image_path(item, step)
         try:
-            img = open_rgb(path)
+            pixels, size = self._decode(str(path))
         except ImageLoadError as err:
             if self.missing_image == "error":
                 raise ImageLoadError(f"procedure {item.procedure_id}: {err} (set data.collator.missing_image=blank to use a blank image)") from err
             self.missing_images += 1
             log.warning("procedure %s: %s -> blank image (%d so far)", item.procedure_id, err, self.missing_images)
-            return self.transform.blank_array(), False, None
-        return self.transform.array(img), True, img.size
+            out[...] = self.transform.blank_array()
+            return False, None
+        self.transform.normalize_into(pixels, out)
+        return True, size
 
     @staticmethod
     def _image_path(item: ViewItem, step):
@@ -173,7 +200,7 @@ class StepCollator:
                         pixels[b, s] = blank
                         continue
                     step = it.steps[s]
-                    pixels[b, s], image_mask[b, s], img_size = self._image(it, step)
+                    image_mask[b, s], img_size = self._image(it, step, pixels[b, s])
                     if object_boxes and img_size is not None and step.boxes:
                         w, h = img_size
                         kept = torch.tensor(step.boxes[: self.max_boxes], dtype=torch.float32)

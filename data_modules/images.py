@@ -58,12 +58,22 @@ class ImageTransform:
         self._blank = np.ascontiguousarray(np.broadcast_to(((0.5 - mean_) / std_).astype(np.float32)[:, None, None],
                                                            (3, self.size, self.size)))
 
-    def array(self, img: Image.Image) -> np.ndarray:
-        """(3, size, size) float32 NumPy array of ``img`` (resized with bilinear filtering, normalised)."""
+    def pixels(self, img: Image.Image) -> np.ndarray:
+        """(size, size, 3) uint8 pixels of ``img`` resized with bilinear filtering (what a cache keeps)."""
         if img.size != (self.size, self.size):
             img = img.resize((self.size, self.size), Image.BILINEAR)
-        pixels = np.asarray(img, dtype=np.uint8)                   # (H, W, 3)
-        return np.ascontiguousarray((pixels * self._scale + self._shift).transpose(2, 0, 1))
+        return np.asarray(img, dtype=np.uint8)
+
+    def normalize_into(self, pixels: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Write the normalised (3, size, size) float32 image of (size, size, 3) uint8 ``pixels`` into
+        ``out`` (a slice of a batch buffer: no intermediate array) and return it."""
+        np.multiply(pixels.transpose(2, 0, 1), self._scale[:, None, None], out=out, casting="unsafe")
+        out += self._shift[:, None, None]
+        return out
+
+    def array(self, img: Image.Image) -> np.ndarray:
+        """(3, size, size) float32 NumPy array of ``img`` (resized with bilinear filtering, normalised)."""
+        return self.normalize_into(self.pixels(img), np.empty((3, self.size, self.size), dtype=np.float32))
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
         return torch.from_numpy(self.array(img))

@@ -30,6 +30,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -93,7 +94,7 @@ def step_rate(cfg: Any, datamodule: Any, steps: int, warmup: int) -> float:
     model = instantiate(cfg.model)
     timer = StepTimer()
     trainer = pl.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
-                         max_steps=warmup + steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+                         max_steps=warmup + steps, max_epochs=warmup + steps,   # whole-set batches: one step per epoch limit_val_batches=0, num_sanity_val_steps=0,
                          default_root_dir=cfg.paths.output_dir,   # what a run writes (encoder.pt) stays in --run-dir
                          gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
                          accumulate_grad_batches=1, logger=False, enable_checkpointing=False,
@@ -127,8 +128,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| experiment | batch | workers | precision | loader batches/s | train steps/s | loader / step |",
              "|---|---:|---:|---|---:|---:|---:|"]
     for r in rows:
-        if "skipped" in r:
-            lines.append(f"| {r['experiment']} | | | | skipped: {r['skipped']} | | |")
+        if "skipped" in r or "error" in r:
+            what = f"skipped: {r['skipped']}" if "skipped" in r else f"FAILED: {r['error'][:120]}"
+            lines.append(f"| {r['experiment']} | | | | {what} | | |")
             continue
         flag = "" if r["ok"] else f" (< {TARGET_RATIO:g})"
         lines.append(f"| {r['experiment']} | {r['batch_size']} | {r['num_workers']} | {r['precision']} | "
@@ -163,7 +165,13 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
             continue
         for workers in args.workers or [None]:
             start = time.perf_counter()
-            row = bench(name, overrides, args.batches, args.steps, args.warmup, workers, args.run_dir / name)
+            try:
+                row = bench(name, overrides, args.batches, args.steps, args.warmup, workers, args.run_dir / name)
+            except Exception as err:  # one experiment's failure is reported, the others are still measured
+                traceback.print_exc()
+                rows.append({"experiment": name, "error": f"{type(err).__name__}: {err}"})
+                print(f"{name}: FAILED ({type(err).__name__}: {err})", flush=True)
+                continue
             row["seconds"] = time.perf_counter() - start
             rows.append(row)
             print(f"{name}: loader {row['loader_batches_per_s']:.2f} batches/s, training {row['train_steps_per_s']:.2f} "
@@ -177,4 +185,4 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if any("error" in row for row in main()) else 0)

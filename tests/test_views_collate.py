@@ -191,6 +191,42 @@ def test_collator_shapes_and_masks(root, tokenizer):
     assert batch["attention_mask"][0, 4].sum() == 2
 
 
+def test_decoded_image_cache_gives_the_same_pixels_decodes_once_and_stays_in_budget(tmp_path, tokenizer, monkeypatch):
+    """data.collator.image_cache_mb: the batch is bit for bit the uncached one (and the transform's own
+    output), a cached image is not opened again, and the least recently used image leaves first."""
+    import data_modules.collate as collate_module
+    from data_modules.images import ImageTransform
+
+    rng = np.random.default_rng(0)
+    names = [f"img{k}.png" for k in range(4)]
+    for name in names:
+        Image.fromarray(rng.integers(0, 256, (12, 20, 3), dtype=np.uint8)).save(tmp_path / name)
+    proc = Procedure(id="c", steps=[Step(text=f"s{k}.", images=[name]) for k, name in enumerate(names)],
+                     split="train", root=str(tmp_path))
+    item = SequencingView([proc])[0]
+    opened: list[str] = []
+    real_open = collate_module.open_rgb
+    monkeypatch.setattr(collate_module, "open_rgb", lambda path: opened.append(str(path)) or real_open(path))
+    plain = StepCollator(tokenizer, image_size=16, image_cache_mb=0)
+    cached = StepCollator(tokenizer, image_size=16)
+    expected = plain([item])["pixel_values"]
+    transform = ImageTransform(16)
+    for s, k in enumerate(item.step_index):
+        assert torch.equal(expected[0, s], transform(Image.open(tmp_path / names[k]).convert("RGB")))
+    assert len(opened) == 4
+    for _ in range(3):
+        assert torch.equal(cached([item])["pixel_values"], expected)
+    assert len(opened) == 4 + 4                                    # the cached collator opened each image once
+    one = 16 * 16 * 3                                              # bytes of one cached image
+    small = StepCollator(tokenizer, image_size=16, image_cache_mb=2.5 * one / 2 ** 20)   # room for two
+    assert torch.equal(small([item])["pixel_values"], expected)
+    assert len(small._decoded) == 2 and small._decoded_bytes == 2 * one
+    last_two = [str(tmp_path / names[k]) for k in item.step_index[-2:]]
+    assert list(small._decoded) == last_two
+    with pytest.raises(ValueError, match="image_cache_mb"):
+        StepCollator(tokenizer, image_cache_mb=-1)
+
+
 def test_text_cap_to_sentences():
     assert first_sentences("A b. C d! E f? G h.", 2) == "A b. C d!"
 
