@@ -65,7 +65,8 @@ class StepCollator:
             Ignored without ``use_images``.
         image_cache_mb: memory for decoded, resized step images (uint8), so an image is decoded once
             per process rather than once per epoch (least recently used evicted first; 0: no cache).
-            A 128-px image takes 48 KiB, a 224-px one 147 KiB; each loader worker keeps its own.
+            A 128-px image takes 48 KiB, a 224-px one 147 KiB; each loader worker keeps its own, which
+            lasts beyond an epoch only with ``data.persistent_workers=true``.
     """
 
     def __init__(self, tokenizer: Any = None, max_steps: int = 5, max_sentences: int = 5, max_tokens: int = 60,

@@ -2,7 +2,8 @@
 """Decoding and BERSON training throughput.
 
     python scripts/bench_decode.py                       # decoders at n = 5, 10, 20 + BERSON training on CPU
-    python scripts/bench_decode.py --train-only --bf16   # training samples/s under bf16 autocast
+    python scripts/bench_decode.py --train-only --bf16   # training samples/s under bf16 autocast (a CPU with
+                                                         # AVX512-BF16 / AMX, or a GPU: elsewhere bf16 is emulated, ~20x slower)
     python scripts/bench_decode.py --pair-encodings --sizes 5 10 20 --json /tmp/bench_decode.json
     python scripts/bench_decode.py --pair-encodings --sizes 5 --steps 2          # < 1 minute on a CPU
 
@@ -18,7 +19,8 @@ the offline backbones, random images of ``--image-size`` px).  Figures per proce
 real encoder tokens (text + visual), forward FLOPs of the sequence encoder (measured with
 ``torch.utils.flop_counter.FlopCounterMode``; the visual backbone runs once per step image in both
 paths and is left out) and of the whole encoding, and the training step time (forward + backward +
-AdamW; the median of ``--steps`` steps after one warm-up, the two paths' steps alternating so that
+AdamW; ``--train-batch`` procedures per step, default 4 as the BERSON experiments train; the median of
+``--steps`` steps after one warm-up, the two paths' steps alternating so that
 the load of a shared machine falls on both alike) with the joint/pairwise speed-up.
 ``--random-weights``: the same architectures with random weights (timing only).  Prints a table and
 one line ``BENCH_DECODE_JSON [{...}, ...]``; ``--json PATH`` writes the same list.
@@ -268,7 +270,7 @@ def main() -> None:
     parser.add_argument("--train-steps", "--steps", type=int, default=None, dest="train_steps",
                         help="timed training steps after one warm-up (default 10; --pair-encodings: 2)")
     parser.add_argument("--train-batch", type=int, default=None,
-                        help="procedures per training step (default 4; --pair-encodings: 2)")
+                        help="procedures per training step (default 4, the BERSON experiments' batch size)")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--text", default="offline:minilm", help="text encoder weights (alias, folder or hub id)")
     parser.add_argument("--random-weights", action="store_true", help="the text encoder's architecture with random weights")
@@ -283,7 +285,7 @@ def main() -> None:
     args = parser.parse_args()
     # --pair-encodings: a 20-step procedure is 380 pairwise encoder passes; fewer, smaller steps keep the run short
     args.train_steps = args.train_steps or (2 if args.pair_encodings else 10)
-    args.train_batch = args.train_batch or (2 if args.pair_encodings else 4)
+    args.train_batch = args.train_batch or 4   # berson_finetune's and berson_roc's data.batch_size
     if args.pair_encodings:
         records = bench_pair_encodings(args.sizes, args.modalities, args.train_steps, args.train_batch, args.bf16,
                                        args.device, args.text, args.random_weights, args.image_size)

@@ -42,6 +42,7 @@ from typing import Any, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+sys.path.insert(0, str(ROOT))   # seqaware.io / seqaware.profiling when run as a script
 
 
 @dataclass

@@ -184,17 +184,22 @@ def _module(modality: str, **kwargs):
                         decoder={"paragraph_heads": 4, "dropout": 0.0}, **kwargs)
 
 
-def _batch(modality: str, n_steps=(5, 3)):
+def _batch(modality: str, n_steps=(5, 3), ragged: bool = False):
+    """Shuffled procedures of ``n_steps`` steps, collated; random images unless text.  ``ragged``: steps of
+    different lengths and no step cap (every step kept)."""
     from data_modules.collate import StepCollator
     from data_modules.views import SequencingView
     from seqaware.pretrained import load_tokenizer
     from seqaware.procedure import Procedure, Step
 
-    procs = [Procedure(id=f"p{k}", steps=[Step(text=f"step {i} of procedure {k} with some words") for i in range(n)])
-             for k, n in enumerate(n_steps)]
-    view = SequencingView(procs, seed=0)
+    def text(i: int, k: int) -> str:
+        return f"step {i} of procedure {k} with " + ("some words " * (i % 3) if ragged else "some words")
+
+    procs = [Procedure(id=f"p{k}", steps=[Step(text=text(i, k)) for i in range(n)]) for k, n in enumerate(n_steps)]
+    caps = {"max_steps": max(n_steps)} if ragged else {}
+    view = SequencingView(procs, seed=0, **caps)
     collate = StepCollator(tokenizer=load_tokenizer("offline:minilm"), image_size=64,
-                           use_text=modality != "image", use_images=False)
+                           use_text=modality != "image", use_images=False, **caps)
     batch = collate([view[k] for k in range(len(procs))])
     if modality != "text":
         g = torch.Generator().manual_seed(0)

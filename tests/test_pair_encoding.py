@@ -8,29 +8,14 @@ import torch
 from decoders import PAIRWISE_DECODERS
 from seqaware.encoders.steps import encode_steps, step_windows
 from seqaware.objectives.base import EncoderOutput
+from test_berson import _batch as berson_batch
 from test_berson import _module
 from test_encoders import TINY_ENCODERS, fake_batch
 
 
 def _batch(modality: str, n_steps=(5, 3)):
-    """Shuffled procedures of ``n_steps`` steps (no truncation), collated; random images unless text."""
-    from data_modules.collate import StepCollator
-    from data_modules.views import SequencingView
-    from seqaware.pretrained import load_tokenizer
-    from seqaware.procedure import Procedure, Step
-
-    procs = [Procedure(id=f"p{k}", steps=[Step(text=f"step {i} of procedure {k} with " + "some words " * (i % 3))
-                                          for i in range(n)]) for k, n in enumerate(n_steps)]
-    view = SequencingView(procs, max_steps=max(n_steps), seed=0)
-    collate = StepCollator(tokenizer=load_tokenizer("offline:minilm"), max_steps=max(n_steps), image_size=64,
-                           use_text=modality != "image", use_images=False)
-    batch = collate([view[k] for k in range(len(procs))])
-    if modality != "text":
-        g = torch.Generator().manual_seed(0)
-        B, S = batch["step_mask"].shape
-        batch["pixel_values"] = torch.randn(B, S, 3, 64, 64, generator=g)
-        batch["image_mask"] = batch["step_mask"].clone()
-    return batch
+    """Shuffled procedures of ``n_steps`` steps of different lengths (no truncation), collated."""
+    return berson_batch(modality, n_steps, ragged=True)
 
 
 def _joint(modality: str = "text", **kwargs):
