@@ -60,6 +60,12 @@ def _train(*overrides: str) -> list[str]:
     return [PY, "train.py", *overrides, "callbacks.progress_bar.refresh_rate=0"]
 
 
+def _pretrain_gpu(preset: str, *extra: str) -> list[str]:
+    """bench_pretrain.py on the GPU: bf16 + SDPA, batch 32, 10 timed steps (+ ``extra``)."""
+    return [PY, "scripts/bench_pretrain.py", "--preset", preset, "--batch-size", "32", "--bf16", "--sdpa",
+            "--steps", "10", *extra]
+
+
 def plan(gpu: bool) -> list[Step]:
     """The steps of a full GPU run, or the CPU subset at toy sizes."""
     tiny_world = [f"data.source.{k}={v}" for k, v in
@@ -96,14 +102,11 @@ def plan(gpu: bool) -> list[Step]:
                     "trainer.fast_dev_run=true", "model.max_new_tokens=4", "hydra.run.dir={out}/runs/fsdp_lora_tiny",
                     *tiny_world), 120),
         Step("bench_pretrain_paper", "bench", "CLIP-ViL pretraining, paper size: bf16 + SDPA batch 32 vs fp32 eager batch 4",
-             [PY, "scripts/bench_pretrain.py", "--preset", "paper", "--batch-size", "32", "--bf16", "--sdpa",
-              "--steps", "10", "--profile", "3"], 150, json_out=True),
+             _pretrain_gpu("paper", "--profile", "3"), 150, json_out=True),
         Step("bench_pretrain_paper_compile", "bench", "the same under torch.compile",
-             [PY, "scripts/bench_pretrain.py", "--preset", "paper", "--batch-size", "32", "--bf16", "--sdpa",
-              "--compile", "--steps", "10", "--no-baseline"], 150, json_out=True),
+             _pretrain_gpu("paper", "--compile", "--no-baseline"), 150, json_out=True),
         Step("bench_pretrain_offline", "bench", "CLIP-ViL pretraining, offline backbones: bf16 + SDPA batch 32 vs fp32 eager batch 4",
-             [PY, "scripts/bench_pretrain.py", "--preset", "offline", "--batch-size", "32", "--bf16", "--sdpa",
-              "--steps", "10"], 90, json_out=True),
+             _pretrain_gpu("offline"), 90, json_out=True),
         Step("bench_decode_pairs", "bench", "BERSON training step, pairwise vs joint, n = 5 / 10 / 20, text and multimodal",
              [PY, "scripts/bench_decode.py", "--pair-encodings", "--bf16", "--train-steps", "3"], 150, json_out=True),
         Step("bench_lora_8b_b1", "bench", "InternVL3.5-8B-size LoRA, batch 1 (baseline)",
