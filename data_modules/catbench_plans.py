@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from data_modules.adapters.catbench import read_catbench
-from data_modules.collate import first_sentences
+from data_modules.collate import StepTokens
 from data_modules.sampling import KeyedList, epoch_loader
 from seqaware.pretrained import load_tokenizer
 
@@ -133,14 +133,14 @@ class StepCollator:
 
     def __init__(self, tokenizer: Any, max_step_tokens: int = 60, max_sentences: int = 5):
         self.tokenizer = tokenizer
+        self.tokens = StepTokens(tokenizer)
         self.max_step_tokens = max_step_tokens
         self.max_sentences = max_sentences
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        texts = [first_sentences(t, self.max_sentences) for item in items for t in item["steps"]]
-        enc = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_step_tokens,
-                             return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+        input_ids, attention_mask = self.tokens.batch([t for item in items for t in item["steps"]],
+                                                      self.max_step_tokens, self.max_sentences)
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
                 "num_steps": torch.tensor([len(item["steps"]) for item in items]), "meta": items}
 
 

@@ -43,6 +43,53 @@ def first_sentences(text: str, max_sentences: int) -> str:
     return " ".join(_SENTENCE_END.split(text.strip())[:max_sentences])
 
 
+class StepTokens:
+    """Step texts -> token ids (special tokens included, truncated), each distinct text tokenised once.
+
+    A dataset's step texts do not change between epochs, so re-running the tokenizer on them every
+    batch is wasted loader time (the collators of ``order_baseline`` and ``teo_plan_head_catbench``
+    spent a quarter and most of theirs doing so).  :meth:`batch` pads to the longest text on the
+    tokenizer's padding side with its pad id: the same tensors as ``tokenizer(texts,
+    padding="longest", truncation=True, max_length=max_tokens, return_tensors="pt")``.
+    ``max_entries`` caps the cache (texts beyond it are tokenised every time).
+    """
+
+    def __init__(self, tokenizer: Any, max_entries: int = 500_000):
+        self.tokenizer = tokenizer
+        self.max_entries = max_entries
+        self._ids: dict[tuple[str, int, int], list[int]] = {}
+
+    def ids(self, texts: Sequence[str], max_tokens: int, max_sentences: int = 0) -> list[list[int]]:
+        """Token ids of each text's first ``max_sentences`` sentences (:func:`first_sentences`), at most
+        ``max_tokens`` of them."""
+        keys = [(t, max_tokens, max_sentences) for t in texts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._ids))
+        if missing:
+            new = self.tokenizer([first_sentences(t, max_sentences) for t, _, _ in missing],
+                                 truncation=True, max_length=max_tokens)["input_ids"]
+            fresh = dict(zip(missing, new))
+            if len(self._ids) + len(fresh) <= self.max_entries:
+                self._ids.update(fresh)
+            return [self._ids[k] if k in self._ids else fresh[k] for k in keys]
+        return [self._ids[k] for k in keys]
+
+    def batch(self, texts: Sequence[str], max_tokens: int, max_sentences: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` and ``attention_mask``, (N, L) long, padded to the longest of the N texts."""
+        ids = self.ids(texts, max_tokens, max_sentences)
+        width = max((len(x) for x in ids), default=0)
+        input_ids = np.full((len(ids), width), self.tokenizer.pad_token_id, dtype=np.int64)
+        attention_mask = np.zeros((len(ids), width), dtype=np.int64)
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        for row, x in enumerate(ids):
+            if left:
+                input_ids[row, width - len(x):] = x
+                attention_mask[row, width - len(x):] = 1
+            else:
+                input_ids[row, :len(x)] = x
+                attention_mask[row, :len(x)] = 1
+        return torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
+
+
 class StepCollator:
     """Turns a list of :class:`ViewItem` into tensors.
 
@@ -80,6 +127,7 @@ class StepCollator:
         if use_text and tokenizer is None:
             raise ValueError("data.collator.use_text=true needs a tokenizer (data.tokenizer)")
         self.tokenizer = tokenizer
+        self.tokens = StepTokens(tokenizer) if tokenizer is not None else None
         self.max_steps = max_steps
         self.max_sentences = max_sentences
         self.max_tokens = max_tokens
@@ -181,11 +229,11 @@ class StepCollator:
         if self.use_text:
             texts = []
             for it in items:
-                texts += [first_sentences(s.text or "", self.max_sentences) for s in it.steps]
+                texts += [s.text or "" for s in it.steps]
                 texts += [""] * (num_steps - len(it.steps))
-            enc = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_tokens, return_tensors="pt")
-            batch["input_ids"] = enc["input_ids"].view(batch_size, num_steps, -1)
-            batch["attention_mask"] = enc["attention_mask"].view(batch_size, num_steps, -1)
+            input_ids, attention_mask = self.tokens.batch(texts, self.max_tokens, self.max_sentences)
+            batch["input_ids"] = input_ids.view(batch_size, num_steps, -1)
+            batch["attention_mask"] = attention_mask.view(batch_size, num_steps, -1)
         if self.use_images:
             size = self.transform.size
             pixels = np.empty((batch_size, num_steps, 3, size, size), dtype=np.float32)  # NumPy: see ImageTransform

@@ -33,6 +33,9 @@ def open_rgb(path: str | Path) -> Image.Image:
             frames = getattr(img, "n_frames", 1)
             if frames > 1:
                 img.seek(frames // 2)
+            elif img.mode == "RGB":   # already RGB: decoded in place, no converted copy
+                img.load()
+                return img
             return img.convert("RGB")
     except (FileNotFoundError, UnidentifiedImageError, OSError, ValueError) as err:
         raise ImageLoadError(f"cannot read image {path}: {err}") from err

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from data_modules.adapters.catbench import read_catbench
-from data_modules.collate import first_sentences
+from data_modules.collate import StepTokens
 from data_modules.sampling import KeyedList, SplitLoaders, epoch_loader
 from data_modules.tasks.teo import teo_eval_sets, teo_options, teo_training_pairs, twin_presentations
 from seqaware.metrics.teo import TEO_LABEL_ID
@@ -41,14 +41,15 @@ class PairCollator:
 
     def __init__(self, tokenizer: Any, max_tokens: int = 60, max_sentences: int = 5):
         self.tokenizer = tokenizer
+        self.tokens = StepTokens(tokenizer)
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        texts = [first_sentences(t, self.max_sentences) for it in items for t in (it["text_a"], it["text_b"])]
-        enc = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_tokens, return_tensors="pt")
+        texts = [t for it in items for t in (it["text_a"], it["text_b"])]
+        input_ids, attention_mask = self.tokens.batch(texts, self.max_tokens, self.max_sentences)
         n = len(items)
-        return {"input_ids": enc["input_ids"].view(n, 2, -1), "attention_mask": enc["attention_mask"].view(n, 2, -1),
+        return {"input_ids": input_ids.view(n, 2, -1), "attention_mask": attention_mask.view(n, 2, -1),
                 "labels": torch.tensor([TEO_LABEL_ID.get(it.get("label"), -100) for it in items]),
                 "meta": items}
 

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import torch
 
-from data_modules.collate import first_sentences
+from data_modules.collate import StepTokens
 from data_modules.tasks.teo import teo_eval_sets, teo_pairs, teo_training_pairs, twin_presentations
 from data_modules.teo_encoder_pairs import TeoEncoderPairsDataModule
 from seqaware.metrics.teo import TEO_LABEL_ID
@@ -63,6 +63,7 @@ class PlanCollator:
             raise ValueError(f"data.max_step_tokens={max_step_tokens} must not exceed data.max_tokens={max_tokens} "
                              "(a window must hold at least one whole step)")
         self.tokenizer = tokenizer
+        self.tokens = StepTokens(tokenizer)
         self.max_tokens = max_tokens
         self.max_step_tokens = max_step_tokens
         self.max_sentences = max_sentences
@@ -72,8 +73,7 @@ class PlanCollator:
         slots: list[list[tuple[int, bool]]] = []  # per window: (batch-wide step index, owned)
         offset = 0
         for item in items:
-            texts = [first_sentences(t, self.max_sentences) for t in item["steps"]]
-            ids = self.tokenizer(texts, truncation=True, max_length=self.max_step_tokens)["input_ids"]
+            ids = self.tokens.ids(item["steps"], self.max_step_tokens, self.max_sentences)
             # packed, a step adds its tokens without its own [CLS]; the window adds one [CLS]
             for start, end, own_start, own_end in step_windows([len(x) - 1 for x in ids], self.max_tokens - 1):
                 windows.append([ids[i] for i in range(start, end)])

@@ -505,6 +505,11 @@ def test_roc_source_held_out_slices_are_disjoint_and_seeded(tmp_path):
     val.write_text("v a . <eos> v b .\n")
     given = roc_source(str(path), val_path=str(val), test_fraction=0.1, max_stories=50)
     assert {k: len(v) for k, v in given.items()} == {"train": 45, "test": 5, "val": 1}
+    # a test file given: the train file is split 80/20 for model selection (unless val_fraction says otherwise)
+    tested = roc_source(str(path), test_path=str(val))
+    assert {k: len(v) for k, v in tested.items()} == {"train": 80, "val": 20, "test": 1}
+    assert {k: len(v) for k, v in roc_source(str(path), test_path=str(val), val_fraction=0.1).items()} == {"train": 90, "val": 10, "test": 1}
+    assert {k: len(v) for k, v in roc_source(str(path)).items()} == {"train": 80, "val": 10, "test": 10}
 
 
 # ---------------------------------------------------------------- ISO-Bench / COHERENCE exports

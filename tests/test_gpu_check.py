@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import bench_data  # noqa: E402
 import gpu_check  # noqa: E402
 
 
@@ -73,6 +74,12 @@ def test_report_puts_each_figure_beside_its_baseline_of_the_same_run():
          "figures": {"config": "8b", "batch_size": 8, "examples_per_s": 8.0, "peak_memory_gb": 35.0}},
         {"name": "ddp_1gpu", "kind": "check", "what": "ddp", "command": "train.py", "seconds": 5.0, "ok": False,
          "error": "gloo: Connection closed by peer"},
+        {"name": "bench_data", "kind": "bench", "what": "loader", "command": "scripts/bench_data.py", "seconds": 9.0,
+         "ok": True, "figures": [
+             {"experiment": "order_baseline", "loader_batches_per_s": 20.0, "train_steps_per_s": 4.0, "ratio": 5.0,
+              "ratio_warm": 20.0, "max_epochs": 8, "ratio_run": bench_data.run_ratio(5.0, 20.0, 8)},
+             {"experiment": "berson_roc", "error": "FileNotFoundError: dev.tsv"},
+             {"experiment": "teo_lora_internvl", "skipped": "hub"}]},
     ]
     gpu_check.add_ratios(records)
     text = gpu_check.markdown(info, records)
@@ -82,6 +89,10 @@ def test_report_puts_each_figure_beside_its_baseline_of_the_same_run():
     assert "| BERSON text n=5: joint step ms | 100 | 800 (pairwise) | 8.0x faster |" in text
     assert "| LoRA 8b b8 vs b1: examples/s | 8.00 | 2.00 (b1) | 4.00x |" in text
     assert "| ddp_1gpu | ddp | FAILED: gloo: Connection closed by peer | 5 |" in text
+    # a run of 8 epochs, the first at 5x and the others at 20x: 8 / (1/5 + 7/20) = 14.5x
+    assert "| loader/step order_baseline | 20.0 batches/s | 4.00 steps/s (training) | 5.0x, 14.5x over 8 epochs |" in text
+    assert "| loader/step berson_roc | FAILED | FileNotFoundError: dev.tsv | - |" in text
+    assert "| loader/step teo_lora_internvl | skipped | hub | - |" in text
 
 
 @pytest.mark.slow

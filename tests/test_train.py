@@ -81,7 +81,7 @@ SMOKE = {
     "teo_plan_head_synthetic": (TINY_PLAN_HEAD, TEO, lambda cfg, m: 0.05 <= m["test/threshold"] <= 0.95),
     "teo_lora_internvl": (["model=internvl_tiny", *SHORT_ANSWERS], ("teo_consistency_accuracy",), _teo_lora),
     "teo_lora_modalities": (["model=internvl_tiny", "data.modality=text", *SHORT_ANSWERS], ("teo_consistency_accuracy",), _teo_lora),
-    "teo_lora_synthetic": (["data.eval_batch_size=4", *SHORT_ANSWERS], ("teo_consistency_accuracy",), _teo_lora),
+    "teo_lora_synthetic": (["data.batch_size=1", "data.eval_batch_size=2", *SHORT_ANSWERS], ("teo_consistency_accuracy",), _teo_lora),
 }
 # slow: the full suite (CI) runs them; the fast loop (-m "not slow") skips the longest smoke runs
 MARKS = {"berson_roc": [pytest.mark.shared_data, pytest.mark.slow], "berson_finetune": [pytest.mark.slow],

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from data_modules.collate import StepCollator, first_sentences
+from data_modules.collate import StepCollator, StepTokens, first_sentences
 from data_modules.images import ImageLoadError
 from data_modules.sampling import EpochSampler
 from data_modules.views import PretrainingView, SequencingView
@@ -225,6 +225,33 @@ def test_decoded_image_cache_gives_the_same_pixels_decodes_once_and_stays_in_bud
     assert list(small._decoded) == last_two
     with pytest.raises(ValueError, match="image_cache_mb"):
         StepCollator(tokenizer, image_cache_mb=-1)
+
+
+def test_step_tokens_equal_the_tokenizer_and_tokenise_each_text_once(tokenizer):
+    texts = ["Whisk the eggs. Add salt! Fold in flour? Rest it.", "", "Whisk the eggs. Add salt! Fold in flour? Rest it.",
+             "word " * 80, "Chop the onions finely.", "Café crème, naïve façade."]
+    calls = []
+
+    def counting(batch, **kwargs):
+        calls.append(list(batch))
+        return tokenizer(batch, **kwargs)
+
+    counting.pad_token_id = tokenizer.pad_token_id
+    tokens = StepTokens(counting)
+    for max_tokens, max_sentences in [(12, 2), (60, 5), (12, 2)]:
+        expected = tokenizer([first_sentences(t, max_sentences) for t in texts], padding="longest", truncation=True,
+                             max_length=max_tokens, return_tensors="pt")
+        for _ in range(2):  # the second epoch comes from the cache
+            input_ids, attention_mask = tokens.batch(texts, max_tokens, max_sentences)
+            assert torch.equal(input_ids, expected["input_ids"]) and torch.equal(attention_mask, expected["attention_mask"])
+    assert [len(c) for c in calls] == [5, 5]   # each distinct text once per (max_tokens, max_sentences)
+    assert tokens.ids(["Chop the onions finely."], 4) == [tokenizer("Chop the onions finely.", truncation=True, max_length=4)["input_ids"]]
+    counting.padding_side = "left"   # a left-padding tokenizer pads on the left
+    input_ids, attention_mask = tokens.batch(["Chop the onions finely.", ""], 60, 5)
+    assert attention_mask.tolist()[1] == [0] * (input_ids.shape[1] - 2) + [1, 1]
+    assert input_ids[1, -2:].tolist() == tokenizer("")["input_ids"]
+    full = StepTokens(tokenizer, max_entries=1)   # beyond the cap texts are tokenised every time, still right
+    assert full.batch(texts[:2], 60, 5)[0].tolist() == tokenizer(texts[:2], padding="longest")["input_ids"]
 
 
 def test_text_cap_to_sentences():

@@ -102,17 +102,21 @@ def _held_out(procedures: list[Procedure], fractions: dict[str, float], seed: in
 
 
 def roc_source(train_path: str, val_path: str | None = None, test_path: str | None = None,
-               val_fraction: float = 0.1, test_fraction: float = 0.1, seed: int = 0,
+               val_fraction: float | None = None, test_fraction: float = 0.1, seed: int = 0,
                max_stories: int | None = None, bad_lines: str = "skip") -> dict[str, list[Procedure]]:
     """Hydra source: ``{train, val, test: [Procedure]}`` from ROC/SIND tsv files.
 
     When ``val_path`` / ``test_path`` is not given, that split is a seeded random held-out slice of
     the train file (``val_fraction`` / ``test_fraction`` of its stories; the slices are disjoint
     and removed from train), so ``data.train_path=dev.tsv`` alone gives a usable train/val/test
-    split. ``max_stories`` keeps the first stories of each file (before slices are cut).
+    split. ``val_fraction=None`` is 0.1 while the test split is cut from the train file too, and 0.2
+    when ``test_path`` gives the test stories (the train file's 80/20 split for model selection).
+    ``max_stories`` keeps the first stories of each file (before slices are cut).
     """
     if not train_path:
         raise AdapterOptionError("data.train_path: the ROC source needs a train file")
+    if val_fraction is None:
+        val_fraction = 0.1 if test_path is None else 0.2
     for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if not 0 <= value < 1:
             raise AdapterOptionError(f"option {name}={value}: must be in [0, 1)")
