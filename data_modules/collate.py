@@ -51,7 +51,8 @@ class StepTokens:
     spent a quarter and most of theirs doing so).  :meth:`batch` pads to the longest text on the
     tokenizer's padding side with its pad id: the same tensors as ``tokenizer(texts,
     padding="longest", truncation=True, max_length=max_tokens, return_tensors="pt")``.
-    ``max_entries`` caps the cache (texts beyond it are tokenised every time).
+    ``max_entries`` caps the cache (texts beyond it are tokenised every time).  Each loader worker
+    keeps its own cache, which lasts beyond an epoch only with ``data.persistent_workers=true``.
     """
 
     def __init__(self, tokenizer: Any, max_entries: int = 500_000):

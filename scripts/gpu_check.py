@@ -232,7 +232,7 @@ def figure_rows(record: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 rows.append((f"loader/step {r['experiment']}", "skipped" if "skipped" in r else "FAILED",
                              r.get("skipped") or r["error"][:120], "-"))
             else:
-                run = f", {r['ratio_run']:.1f}x over {r['max_epochs']} epochs" if "ratio_run" in r else ""
+                run = f", {r['ratio_run']:.1f}x over {r['run_epochs']} epochs" if "ratio_run" in r else ""
                 rows.append((f"loader/step {r['experiment']}", f"{r['loader_batches_per_s']:.1f} batches/s",
                              f"{r['train_steps_per_s']:.2f} steps/s (training)", f"{r['ratio']:.1f}x{run}"))
     return rows

@@ -77,7 +77,7 @@ def test_report_puts_each_figure_beside_its_baseline_of_the_same_run():
         {"name": "bench_data", "kind": "bench", "what": "loader", "command": "scripts/bench_data.py", "seconds": 9.0,
          "ok": True, "figures": [
              {"experiment": "order_baseline", "loader_batches_per_s": 20.0, "train_steps_per_s": 4.0, "ratio": 5.0,
-              "ratio_warm": 20.0, "max_epochs": 8, "ratio_run": bench_data.run_ratio(5.0, 20.0, 8)},
+              "ratio_warm": 20.0, "run_epochs": 8, "ratio_run": bench_data.run_ratio(5.0, 20.0, 8)},
              {"experiment": "berson_roc", "error": "FileNotFoundError: dev.tsv"},
              {"experiment": "teo_lora_internvl", "skipped": "hub"}]},
     ]
@@ -111,3 +111,12 @@ def test_cpu_subset_runs_end_to_end(tmp_path):
         assert gpu_check.figure_rows(record), record["name"]       # every benchmark gives table rows
     text = (tmp_path / "gpu_check.md").read_text()
     assert "Top operators, bench_pretrain_offline" in text and "joint step ms" in text
+
+
+def test_bench_data_judges_the_loader_over_the_epochs_a_run_trains():
+    # max_epochs, or the epochs max_steps spans, whichever ends the run first; neither: one epoch
+    assert bench_data.run_epochs(8, None, 50) == 8 and bench_data.run_epochs(-1, 600, 50) == 12
+    assert bench_data.run_epochs(3, 40, 100) == 1 and bench_data.run_epochs(None, -1, 10) == 1
+    # a ratio r costs 1/r of the step time: the first epoch at 4, three more at 20 -> 4 / (1/4 + 3/20) = 10
+    assert bench_data.run_ratio(4.0, 20.0, 4) == pytest.approx(10.0)
+    assert bench_data.run_ratio(4.0, None, 4) == pytest.approx(4.0)   # no next-epoch figure: the first's
