@@ -82,12 +82,9 @@ class StepTokens:
         attention_mask = np.zeros((len(ids), width), dtype=np.int64)
         left = getattr(self.tokenizer, "padding_side", "right") == "left"
         for row, x in enumerate(ids):
-            if left:
-                input_ids[row, width - len(x):] = x
-                attention_mask[row, width - len(x):] = 1
-            else:
-                input_ids[row, :len(x)] = x
-                attention_mask[row, :len(x)] = 1
+            start = width - len(x) if left else 0
+            input_ids[row, start:start + len(x)] = x
+            attention_mask[row, start:start + len(x)] = 1
         return torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
 
 
