@@ -20,6 +20,7 @@ figure of the same preset, so speed-ups are read off one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import resource
@@ -45,6 +46,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                           "visual": {"name": "clip_vit_b32", "pretrained": None}},
               "image_size": 224},
 }
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 OBJECTIVES = {"mlm": {"mask_prob": 0.15}, "isp": {"delta": 0.5}, "pisp": {"delta": 0.5, "max_patches": 7},
               "smrm": {"mask_ratio": 0.15, "target": "output", "vocab_scope": "batch"}}
 
@@ -161,7 +163,7 @@ def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, de
     else:
         result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # Linux: KiB
     if profile:
-        from seqaware.profiling import format_profile, profile_top
+        from seqaware.profiling import format_profile, profile_step
 
         state = {"step": warmup + steps}
 
@@ -169,7 +171,12 @@ def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, de
             train_step(module, optimizer, batch, state["step"], bf16, device)
             state["step"] += 1
 
-        result["profile"] = profile_top(one_step, profile, cuda=device.type == "cuda")
+        prof = profile_step(one_step, profile, cuda=device.type == "cuda")
+        result["profile"] = prof["top"]
+        result["profile_wall_ms"] = prof["wall_ms"]
+        if "device_busy_ms" in prof:
+            result["profile_device_busy_ms"] = prof["device_busy_ms"]
+            print(f"profiled step: {prof['wall_ms']:.1f} ms wall, GPU busy {prof['device_busy_ms']:.1f} ms")
         print(format_profile(result["profile"]))
     if count_flops:
         # FLOPs of every objective's step, weighted by how often the schedule drew it while timing
@@ -194,6 +201,9 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--sdpa", action="store_true", help="scaled_dot_product_attention (default: eager attention)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the encoder")
+    parser.add_argument("--sdpa-backends", default=None, metavar="NAMES",
+                        help="with --sdpa: only these attention kernels, comma-separated, in order of preference "
+                             f"({', '.join(SDPA_BACKENDS)}); default: PyTorch's choice")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--steps", type=int, default=12, help="timed steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -221,7 +231,20 @@ def main() -> None:
     if on_gpu:
         report["gpu"] = torch.cuda.get_device_name(device)
         report["bf16_matmul_peak_tflops"] = matmul_peak_tflops(device)
-    runs = [run(args.preset, args.batch_size, args.bf16, args.sdpa, args.compile, profile=args.profile, **common)]
+    kernels = contextlib.nullcontext()
+    if args.sdpa_backends:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        names = [n.strip() for n in args.sdpa_backends.split(",") if n.strip()]
+        unknown = sorted(set(names) - set(SDPA_BACKENDS))
+        if unknown or not args.sdpa:
+            parser.error(f"--sdpa-backends takes {', '.join(SDPA_BACKENDS)} (got {unknown}) and needs --sdpa")
+        enum = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+        kernels = sdpa_kernel([enum[n] for n in names], set_priority=True)
+        report["sdpa_backends"] = names
+    with kernels:
+        runs = [run(args.preset, args.batch_size, args.bf16, args.sdpa, args.compile, profile=args.profile, **common)]
     if on_gpu and not args.no_baseline and (args.batch_size, args.bf16, args.sdpa, args.compile) != (4, False, False, False):
         runs.append(run(args.preset, 4, False, False, False, **common))
     for result in runs:

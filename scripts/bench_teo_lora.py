@@ -149,9 +149,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     figures.update({"config": args.config, "device": where, "batch_size": args.batch_size, "bf16": args.bf16,
                     "grad_ckpt": args.grad_ckpt, "images": args.images, "text_tokens": args.text_tokens})
     if args.profile:
-        from seqaware.profiling import format_profile, profile_top
+        from seqaware.profiling import format_profile, profile_step
 
-        figures["profile"] = profile_top(step, args.profile, cuda=device.type == "cuda")
+        prof = profile_step(step, args.profile, cuda=device.type == "cuda")
+        figures["profile"] = prof["top"]
+        figures["profile_wall_ms"] = prof["wall_ms"]
+        if "device_busy_ms" in prof:
+            figures["profile_device_busy_ms"] = prof["device_busy_ms"]
+            print(f"profiled step: {prof['wall_ms']:.1f} ms wall, GPU busy {prof['device_busy_ms']:.1f} ms")
         print(format_profile(figures["profile"]))
     if args.json:
         import json

@@ -87,7 +87,7 @@ def test_report_puts_each_figure_beside_its_baseline_of_the_same_run():
     assert "| paper b32 bf16 sdpa: samples/s | 150.00 | 15.00 (fp32 eager b4) | 10.00x |" in text
     assert "| paper b32 bf16 sdpa: MFU | 50.0% | 6.0% | - |" in text
     assert "| BERSON text n=5: joint step ms | 100 | 800 (pairwise) | 8.0x faster |" in text
-    assert "| LoRA 8b b8 vs b1: examples/s | 8.00 | 2.00 (b1) | 4.00x |" in text
+    assert "| bench_lora_8b_b8 vs b1: examples/s | 8.00 | 2.00 (b1) | 4.00x |" in text
     assert "| ddp_1gpu | ddp | FAILED: gloo: Connection closed by peer | 5 |" in text
     # a run of 8 epochs, the first at 5x and the others at 20x: 8 / (1/5 + 7/20) = 14.5x
     assert "| loader/step order_baseline | 20.0 batches/s | 4.00 steps/s (training) | 5.0x, 14.5x over 8 epochs |" in text
@@ -120,3 +120,45 @@ def test_bench_data_judges_the_loader_over_the_epochs_a_run_trains():
     # a ratio r costs 1/r of the step time: the first epoch at 4, three more at 20 -> 4 / (1/4 + 3/20) = 10
     assert bench_data.run_ratio(4.0, 20.0, 4) == pytest.approx(10.0)
     assert bench_data.run_ratio(4.0, None, 4) == pytest.approx(4.0)   # no next-epoch figure: the first's
+
+
+def test_budget_skips_the_steps_that_no_longer_fit_and_only_keeps_the_given_order(tmp_path, monkeypatch):
+    """--budget: a step starts only with MIN_STEP_S left, gets what is left as its timeout, and the rest are
+    reported as skipped (not failed); --only runs the named steps in the order given."""
+    ran: list[tuple[str, float]] = []
+    clock = {"now": 0.0}
+
+    def fake_run(step, out, timeout=None):
+        ran.append((step.name, timeout))
+        clock["now"] += 50.0
+        return {"name": step.name, "kind": step.kind, "what": step.what, "command": "x", "seconds": 50.0, "ok": True}
+
+    monkeypatch.setattr(gpu_check, "run_step", fake_run)
+    monkeypatch.setattr(gpu_check.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(gpu_check, "machine", lambda: {"date": "d", "python": "3", "torch": "t", "cuda": None, "cpu": "c",
+                                                       "cpu_cores": 2, "gpu": None})
+    names = [s.name for s in gpu_check.plan(False)]
+    order = [names[2], names[0], names[1], names[3]]
+    report = gpu_check.main(["--short", "--out", str(tmp_path), "--budget", "90", "--only", *order])
+    assert [name for name, _ in ran] == order[:2]
+    assert ran[0][1] == 90.0 and ran[1][1] == 40.0  # the second step gets what was left
+    assert [r["name"] for r in report["steps"]] == order
+    assert [bool(r.get("skipped")) for r in report["steps"]] == [False, False, True, True]
+    assert report["failed"] == []
+    text = (tmp_path / "gpu_check.md").read_text()
+    assert text.count("skipped: the 90 s budget was spent") == 2
+
+
+def test_device_busy_time_is_the_union_of_kernel_intervals():
+    from torch.autograd import DeviceType
+
+    from seqaware.profiling import busy_us
+
+    class Span:
+        def __init__(self, start, end, device=DeviceType.CUDA):
+            self.time_range = type("R", (), {"start": start, "end": end})()
+            self.device_type = device
+
+    events = [Span(0, 10), Span(5, 12), Span(20, 25), Span(21, 22), Span(30, 40, DeviceType.CPU)]
+    assert busy_us(events) == 17  # [0, 12] and [20, 25]; host events do not count
+    assert busy_us([]) == 0

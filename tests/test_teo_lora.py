@@ -159,6 +159,59 @@ def test_lora_targets_language_attention_only():
         TeoLoraModule(name_or_path="tiny", lora={"target": "everything"})
 
 
+def test_lora_under_autocast_skips_the_float32_input_copy_and_changes_nothing():
+    """A bfloat16 base with float32 adapters: under autocast the adapters take the bfloat16 activation as it
+    is (no float32 copy), and the loss and every adapter gradient are bit-identical to PEFT's own cast."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from seqaware.vlm.models import answer_loss, apply_lora
+
+    torch.manual_seed(0)
+    model = apply_lora(build_tiny_internvl(seed=0)[0].to(torch.bfloat16), {"r": 4, "alpha": 8, "dropout": 0.1})
+    model.eval()  # dropout off: the two paths then see the same numbers
+    g = torch.Generator().manual_seed(0)
+    cfg = model.config
+    ids = torch.randint(0, cfg.text_config.vocab_size, (2, 24), generator=g)
+    ids[ids == cfg.image_token_id] = 0
+    labels = torch.full_like(ids, -100)
+    labels[:, -4:] = ids[:, -4:]
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer) and hasattr(m, "lora_A")]
+    assert layers and all("_cast_input_dtype" in m.__dict__ for m in layers)
+    seen: list[torch.dtype] = []
+    hook = layers[0].lora_A["default"].register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+
+    def loss_and_grads():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = answer_loss(model, inputs, labels)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    loss, grads = loss_and_grads()
+    assert seen == [torch.bfloat16]  # the activation as it came, not a float32 copy
+    for m in layers:  # PEFT's own behaviour: cast the input to the adapter's float32
+        del m.__dict__["_cast_input_dtype"]
+    seen.clear()
+    ref_loss, ref_grads = loss_and_grads()
+    hook.remove()
+    assert seen == [torch.float32]
+    assert torch.equal(loss, ref_loss)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[n], ref_grads[n]) for n in grads)
+
+
+def test_lora_without_autocast_still_casts_for_its_float32_adapters():
+    from seqaware.vlm.models import answer_loss, apply_lora
+
+    model = apply_lora(build_tiny_internvl(seed=0)[0].to(torch.bfloat16), {"r": 4})
+    ids = torch.randint(1, 50, (1, 12), generator=torch.Generator().manual_seed(0))
+    ids[ids == model.config.image_token_id] = 1
+    labels = torch.full_like(ids, -100)
+    labels[:, -2:] = ids[:, -2:]
+    loss = answer_loss(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, labels)
+    assert torch.isfinite(loss)
+
+
 def test_one_step_lowers_loss_and_changes_only_lora(teo_dm):
     module = _tiny_module()
     batch = _train_batch(teo_dm)
