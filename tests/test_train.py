@@ -102,6 +102,7 @@ PRESETS = {
     # the InternVL3.5-8B recipe; teo_lora_synthetic has its own (lr 1e-3, 3 epochs) and shares their module
     "mateo": ("teo_lora_internvl", "teo_lora_modalities"),
     "mateo_fast": ("teo_lora_internvl", "teo_lora_modalities"),
+    "roc_joint": ("berson_roc",),
 }
 # On top of SMOKE's: the preset's 5-image pretraining sequences need more than the 4 patches of a 64-px grid
 # for SMRM's masks to stay below 50% overlap (sec. 4.2.3; 16 at 128 px); the preset's own 224 px give 49.
