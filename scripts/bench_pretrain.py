@@ -163,7 +163,7 @@ def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, de
     else:
         result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # Linux: KiB
     if profile:
-        from seqaware.profiling import format_profile, profile_step
+        from seqaware.profiling import format_profile, profile_figures, profile_summary
 
         state = {"step": warmup + steps}
 
@@ -171,12 +171,9 @@ def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, de
             train_step(module, optimizer, batch, state["step"], bf16, device)
             state["step"] += 1
 
-        prof = profile_step(one_step, profile, cuda=device.type == "cuda")
-        result["profile"] = prof["top"]
-        result["profile_wall_ms"] = prof["wall_ms"]
-        if "device_busy_ms" in prof:
-            result["profile_device_busy_ms"] = prof["device_busy_ms"]
-            print(f"profiled step: {prof['wall_ms']:.1f} ms wall, GPU busy {prof['device_busy_ms']:.1f} ms")
+        result.update(profile_figures(one_step, profile, cuda=device.type == "cuda"))
+        if profile_summary(result):
+            print(profile_summary(result))
         print(format_profile(result["profile"]))
     if count_flops:
         # FLOPs of every objective's step, weighted by how often the schedule drew it while timing

@@ -149,14 +149,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     figures.update({"config": args.config, "device": where, "batch_size": args.batch_size, "bf16": args.bf16,
                     "grad_ckpt": args.grad_ckpt, "images": args.images, "text_tokens": args.text_tokens})
     if args.profile:
-        from seqaware.profiling import format_profile, profile_step
+        from seqaware.profiling import format_profile, profile_figures, profile_summary
 
-        prof = profile_step(step, args.profile, cuda=device.type == "cuda")
-        figures["profile"] = prof["top"]
-        figures["profile_wall_ms"] = prof["wall_ms"]
-        if "device_busy_ms" in prof:
-            figures["profile_device_busy_ms"] = prof["device_busy_ms"]
-            print(f"profiled step: {prof['wall_ms']:.1f} ms wall, GPU busy {prof['device_busy_ms']:.1f} ms")
+        figures.update(profile_figures(step, args.profile, cuda=device.type == "cuda"))
+        if profile_summary(figures):
+            print(profile_summary(figures))
         print(format_profile(figures["profile"]))
     if args.json:
         import json

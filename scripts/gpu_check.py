@@ -170,13 +170,23 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def _cmd(step: Step, out: Path) -> list[str]:
+    """The step's command line with ``{out}`` filled in."""
+    return [part.replace("{out}", str(out)) for part in step.cmd]
+
+
+def _command(cmd: list[str]) -> str:
+    """A command line as the report shows it (from the repository root, without the interpreter)."""
+    return " ".join(cmd[1:] if cmd[0] == PY else cmd)
+
+
 def run_step(step: Step, out: Path, timeout: Optional[float] = None) -> dict[str, Any]:
     """Run one step (for at most ``timeout`` seconds, default the step's own); its log in OUT/logs, its
     figures (``--json``) read back."""
     timeout = step.timeout if timeout is None else min(step.timeout, timeout)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    cmd = [part.replace("{out}", str(out)) for part in step.cmd]
+    cmd = _cmd(step, out)
     figures_path = out / "figures" / f"{step.name}.json"
     if step.json_out:
         figures_path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +195,7 @@ def run_step(step: Step, out: Path, timeout: Optional[float] = None) -> dict[str
         cmd[at:at] = ["--json", str(figures_path)]
     start = time.perf_counter()
     record: dict[str, Any] = {"name": step.name, "kind": step.kind, "what": step.what,
-                              "command": " ".join(cmd[1:] if cmd[0] == PY else cmd)}
+                              "command": _command(cmd)}
     with (logs / f"{step.name}.log").open("w") as log:
         try:
             proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
@@ -290,10 +300,9 @@ def markdown(info: dict[str, Any], records: list[dict[str, Any]]) -> str:
         for fig in ([r.get("figures")] if isinstance(r.get("figures"), dict) else []):
             profiled = fig if fig.get("profile") else next((run for run in fig.get("runs", []) if run.get("profile")), None)
             if profiled:
-                from seqaware.profiling import format_profile
+                from seqaware.profiling import format_profile, profile_summary
 
-                busy = (f" (a profiled step: {profiled['profile_wall_ms']:.0f} ms wall, GPU busy "
-                        f"{profiled['profile_device_busy_ms']:.0f} ms)" if "profile_device_busy_ms" in profiled else "")
+                busy = f" ({profile_summary(profiled)})" if profile_summary(profiled) else ""
                 lines += ["", f"Top operators, {r['name']}{busy}:", "", format_profile(profiled["profile"][:10])]
     lines += ["", "Commands (from the repository root):", ""] + [f"- {r['name']}: `{r['command']}`" for r in records]
     return "\n".join(lines) + "\n"
@@ -352,18 +361,18 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     deadline = time.perf_counter() + args.budget if args.budget else None
     records: list[dict[str, Any]] = []
     report = {"machine": info, "mode": "gpu" if gpu else "cpu-subset", "steps": records}
+    text = write_report(args.out, info, records, report)
     for step in steps:
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left < MIN_STEP_S:
             record = {"name": step.name, "kind": step.kind, "what": step.what, "ok": False, "seconds": 0.0,
-                      "skipped": f"the {args.budget:.0f} s budget was spent", "command": " ".join(step.cmd[1:])}
+                      "skipped": f"the {args.budget:.0f} s budget was spent", "command": _command(_cmd(step, args.out))}
         else:
             record = run_step(step, args.out, left)
         records.append(record)
         print(f"  {step.name}: {'skipped' if record.get('skipped') else 'ok' if record['ok'] else 'FAILED'} "
               f"in {record['seconds']:.0f} s", flush=True)
-        write_report(args.out, info, records, report)  # after every step: a run cut short keeps what it measured
-    text = write_report(args.out, info, records, report)
+        text = write_report(args.out, info, records, report)  # after every step: a run cut short keeps what it measured
     print(text)
     failed = [r["name"] for r in records if not r["ok"] and not r.get("skipped")]
     if failed:

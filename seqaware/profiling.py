@@ -5,11 +5,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def profile_step(step: Callable[[], Any], steps: int = 3, top: int = 12, cuda: bool = False) -> dict[str, Any]:
-    """Run ``step`` ``steps`` times under ``torch.profiler``: the top operators (:func:`profile_top`'s rows),
-    the wall time per step and, with ``cuda``, the time per step the GPU was busy running kernels (the union of
-    the kernels' intervals). Busy time well under wall time means the step waits on the host (Python,
-    launches, synchronisations, the data) rather than on the GPU."""
+def profile_figures(step: Callable[[], Any], steps: int = 3, top: int = 12, cuda: bool = False) -> dict[str, Any]:
+    """Run ``step`` ``steps`` times under ``torch.profiler``; returns a benchmark's profile figures:
+
+    * ``profile``: the ``top`` operators by self time (CUDA self time when ``cuda``, else CPU self time),
+      ``{name, calls, self_ms, share}`` per operator, per profiled step, ``share`` its fraction of the total
+      self time of all operators;
+    * ``profile_wall_ms``: the wall time per step;
+    * ``profile_device_busy_ms`` (``cuda`` only): the time per step the GPU was running kernels (the union of
+      their intervals). Busy time well under wall time means the step waits on the host (Python, launches,
+      synchronisations, the data) rather than on the GPU.
+    """
     import time
 
     import torch
@@ -31,10 +37,18 @@ def profile_step(step: Callable[[], Any], steps: int = 3, top: int = 12, cuda: b
     ranked = sorted(events, key=lambda e: getattr(e, attr, 0.0), reverse=True)[:top]
     rows = [{"name": e.key, "calls": int(e.count) // max(steps, 1), "self_ms": getattr(e, attr, 0.0) / 1000 / steps,
              "share": getattr(e, attr, 0.0) / total} for e in ranked]
-    out: dict[str, Any] = {"top": rows, "wall_ms": 1000 * wall / max(steps, 1)}
+    out: dict[str, Any] = {"profile": rows, "profile_wall_ms": 1000 * wall / max(steps, 1)}
     if cuda:
-        out["device_busy_ms"] = busy_us(prof.events()) / 1000 / max(steps, 1)
+        out["profile_device_busy_ms"] = busy_us(prof.events()) / 1000 / max(steps, 1)
     return out
+
+
+def profile_summary(figures: dict[str, Any]) -> str:
+    """"a profiled step: W ms wall, GPU busy B ms" from :func:`profile_figures` output ("" without a GPU)."""
+    if "profile_device_busy_ms" not in figures:
+        return ""
+    return (f"a profiled step: {figures['profile_wall_ms']:.0f} ms wall, "
+            f"GPU busy {figures['profile_device_busy_ms']:.0f} ms")
 
 
 def busy_us(events: Any) -> float:
@@ -54,15 +68,8 @@ def busy_us(events: Any) -> float:
     return busy
 
 
-def profile_top(step: Callable[[], Any], steps: int = 3, top: int = 12, cuda: bool = False) -> list[dict[str, Any]]:
-    """Run ``step`` ``steps`` times under ``torch.profiler`` and return the ``top`` operators by self time
-    (CUDA self time when ``cuda``, else CPU self time): ``{name, calls, self_ms, share}`` per operator, the
-    time per profiled step and ``share`` its fraction of the total self time of all operators."""
-    return profile_step(step, steps, top, cuda)["top"]
-
-
 def format_profile(rows: list[dict[str, Any]]) -> str:
-    """A markdown table of :func:`profile_top` rows."""
+    """A markdown table of the ``profile`` rows of :func:`profile_figures`."""
     lines = ["| operator | calls / step | self ms / step | share |", "|---|---:|---:|---:|"]
     lines += [f"| `{r['name']}` | {r['calls']} | {r['self_ms']:.2f} | {100 * r['share']:.1f}% |" for r in rows]
     return "\n".join(lines)
