@@ -14,8 +14,9 @@ import torch
 from data_modules.adapters.catbench import read_catbench
 from data_modules.catbench_plans import CatBenchPlansDataModule, check_disjoint, labelled_plans, plan_folds, plan_key
 from seqaware.metrics.classification import binary_report
-from seqaware.modules.teo_closure_head import (ClosureEnsemble, baseline_features, baseline_probs, fit_baseline,
-                                               fold_scores, max_product_closure, pair_features, plan_tensors, summarise)
+from seqaware.modules.teo_closure_head import (ClosureEnsemble, baseline_features, baseline_probs, content_words,
+                                               fit_baseline, fold_scores, lexical_pair_features, max_product_closure,
+                                               pair_features, plan_tensors, summarise)
 
 STEPS = ["Preheat the oven.", "Mix flour and eggs.", "Pour the batter into a tin.", "Bake for 20 minutes.", "Serve."]
 
@@ -113,6 +114,44 @@ def test_ensemble_members_train_on_their_own_losses():
         ensemble.loss(data).backward()
         optimizer.step()
     assert float(ensemble.loss(data).detach()) < 0.5 * before
+
+
+def test_lexical_pair_features_by_hand():
+    steps = ("Preheat the oven to 180C.", "Mix the flour and eggs in a bowl.", "Pour the batter into a tin.",
+             "Bake it in the oven for 20 minutes.", "Serve the cakes.")
+    assert content_words(steps[3]) == {"bake", "oven"}                     # "it", "in", "the", "minutes", "for": stop words
+    assert content_words("Slice the tomatoes") == {"slice", "tomatoe"}      # a plural s dropped from words of 4+ letters
+    f = lexical_pair_features(steps)
+    assert f.shape == (5, 5, 8)
+    # 0 -> 3 share "oven" of {preheat, oven} and {bake, oven}; 0 is 3's best-overlapping earlier step;
+    # 3 says "it"; no step between 0 and 3 mentions oven
+    assert f[0, 3].tolist() == pytest.approx([1 / 3, 1 / 2, 1 / 2, 1, 1, 1, 0, 1 / 5])
+    assert f[2, 3].tolist() == pytest.approx([0, 0, 0, 0, 0, 1, 0, 0])     # nothing shared; 3 refers back
+    assert f[1, 2].tolist() == [0] * 8                                     # nothing shared, no anaphor
+    assert np.all(f[np.tril_indices(5)] == 0)                              # only a < b is filled
+    # a word of a that reappears between a and b
+    g = lexical_pair_features(("Chop the onion.", "Fry the onion.", "Add the onion to the soup."))
+    assert g[0, 2, 6] == 1 and g[1, 2, 6] == 0 and g[0, 2, 4] == 0 and g[1, 2, 4] == 1   # ties go to the latest step
+
+
+def test_a_lexical_head_reads_the_word_overlap_of_the_pair():
+    torch.manual_seed(0)
+    plans = [{"steps": list(STEPS[:3]), "labels": [(0, 2, "yes")]}, {"steps": list(STEPS[:4]), "labels": [(1, 3, "no")]}]
+    data = plan_tensors([torch.randn(3, 8), torch.randn(4, 8)], plans)
+    assert data["lexical"].shape == (2, 4, 4, 8)
+    assert torch.equal(data["lexical"][1], torch.from_numpy(lexical_pair_features(tuple(STEPS[:4]))))
+    assert torch.all(data["lexical"][0, 3] == 0) and torch.all(data["lexical"][0, :, 3] == 0)   # the padding step
+    ensemble = ClosureEnsemble(8, members=2, step_dim=6, pair_hidden=5, lexical=True).eval()
+    assert ensemble.hidden.weight.shape == (2, 4 * 6 + 8 + 8, 5)
+    probs = ensemble(data["steps"], data["mask"], data["num_steps"], data["lexical"])
+    changed = data["lexical"].clone()
+    changed[1, 1, 3] += 1.0
+    moved = ensemble(data["steps"], data["mask"], data["num_steps"], changed)
+    assert moved[1, 1, 3] != probs[1, 1, 3] and torch.equal(moved[0], probs[0])
+    with pytest.raises(ValueError, match="lexical pair features"):
+        ensemble(data["steps"], data["mask"], data["num_steps"])
+    with pytest.raises(ValueError, match="3 step texts but 4 step embeddings"):
+        plan_tensors([torch.randn(4, 8)], [{"plan_id": "p", "steps": list(STEPS[:3]), "labels": []}])
 
 
 def test_bad_settings_are_named():

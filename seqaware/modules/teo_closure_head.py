@@ -14,7 +14,8 @@ asked, it is "yes"; docs/results/teo.md), so the model predicts *direct* depende
 2. **Direct dependencies.**  ``h = Linear(Dropout(e))`` per step, then for every pair ``a < b``
    ``d(a, b) = sigmoid(MLP([h_a, h_b, h_a * h_b, |h_a - h_b|, position features]))``; position
    features: those of the plan-aware head (:func:`seqaware.modules.teo_plan_head.pair_position_features`)
-   plus "b is the last step", "a is the first step" and the plan length / 20.
+   plus "b is the last step", "a is the first step" and the plan length / 20; with ``lexical: true`` also
+   eight word-overlap features of the two steps (:func:`lexical_pair_features`).
 3. **Closure** (``closure: max``).  ``r(a, b) = max over step paths a = k_0 < k_1 < ... < k_m = b of
    prod_i d(k_i, k_i+1)``: the most probable chain of direct dependencies, by repeated squaring in the
    (max, x) semiring (``ceil(log2 S)`` products; :func:`max_product_closure`).  ``closure: none``
@@ -58,9 +59,11 @@ with a ``<set>/`` prefix for the other files.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -78,9 +81,10 @@ from seqaware.modules.teo_plan_head import pair_position_features
 
 log = logging.getLogger(__name__)
 
-HEAD_KEYS = ("step_dim", "pair_hidden", "dropout", "closure")
+HEAD_KEYS = ("step_dim", "pair_hidden", "dropout", "closure", "lexical")
 CLOSURES = ("max", "none")
 NUM_PAIR_FEATURES = 8
+NUM_LEXICAL_FEATURES = 8
 ROW_KEYS = (("accuracy", "accuracy"), ("precision_yes", "precision"), ("recall_yes", "recall"), ("f1_yes", "f1"),
             ("macro_f1", "macro_f1"), ("twin_consistency", "twin_consistency"))
 TABLE_COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R yes"), ("f1", "F1 yes"),
@@ -101,6 +105,51 @@ def pair_features(num_steps: torch.Tensor, size: int) -> torch.Tensor:
     first = (idx[None, :, None] == 0).float().expand(len(num_steps), -1, size)
     length = (n.float() / 20).expand(-1, size, size)
     return torch.cat([base, last[..., None], first[..., None], length[..., None]], -1)
+
+
+# function words and the generic verbs and measures of recipe steps: what two steps sharing says nothing
+STOPWORDS = frozenset("""
+a an the and or but of to in on with for into onto from at by over under until about as is are be been it its them
+they this that these those your you some all each any then than so if when while after before once
+place put add remove set aside stir mix cook let take make use leave keep bring turn
+minute minutes hour hours second seconds heat medium low high large small little well more few
+""".split())
+ANAPHOR = re.compile(r"\b(it|them|they|mixture|this|these|rest|remaining|back|everything)\b")
+
+
+def content_words(text: str) -> frozenset[str]:
+    """Lower-cased alphabetic words of 3+ letters, not :data:`STOPWORDS`, a plural ``s`` dropped from words of 4+."""
+    words = re.findall(r"[a-z]+", text.lower())
+    return frozenset(w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words if len(w) > 2 and w not in STOPWORDS)
+
+
+@functools.lru_cache(maxsize=4096)
+def lexical_pair_features(steps: tuple[str, ...]) -> np.ndarray:
+    """(n, n, 8) word-overlap features of the pairs ``a < b`` of a plan (``[a, b]``; zero elsewhere),
+    ``model.head.lexical``: what a step's product passing into a later step tends to leave in the text.
+
+    0. Jaccard overlap of the two steps' :func:`content_words`;  1. / 2. the shared words' share of
+    step a's / step b's words;  3. any word shared;  4. a is the earlier step sharing the most words
+    with b (ties: the latest), and shares some;  5. step b refers back (``it``, ``them``, ``mixture``,
+    ``the rest``, ...: :data:`ANAPHOR`);  6. a word of a reappears in a step between a and b;
+    7. shared words, capped at 5, / 5.  Cached by the step texts (plans are re-scored every step).
+    """
+    words = [content_words(s) for s in steps]
+    n = len(steps)
+    out = np.zeros((n, n, NUM_LEXICAL_FEATURES), dtype=np.float32)
+    for b in range(1, n):
+        overlaps = [len(words[k] & words[b]) for k in range(b)]
+        best = max(range(b), key=lambda k: (overlaps[k], k))
+        refers = float(bool(ANAPHOR.search(steps[b].lower())))
+        between: set[str] = set()
+        for a in range(b - 1, -1, -1):  # steps a+1..b-1 are in ``between`` when a is scored
+            shared = overlaps[a]
+            union = len(words[a] | words[b])
+            out[a, b] = (shared / max(union, 1), shared / max(len(words[a]), 1), shared / max(len(words[b]), 1),
+                         float(shared > 0), float(a == best and shared > 0), refers,
+                         float(bool(words[a] & between)), min(shared, 5) / 5)
+            between |= words[a]
+    return out
 
 
 def max_product_closure(direct: torch.Tensor) -> torch.Tensor:
@@ -138,45 +187,57 @@ class ClosureEnsemble(nn.Module):
     """
 
     def __init__(self, input_dim: int, members: int = 3, step_dim: int = 64, pair_hidden: int = 64,
-                 dropout: float = 0.3, closure: str = "max"):
+                 dropout: float = 0.3, closure: str = "max", lexical: bool = False):
         super().__init__()
         if members < 1:
             raise ValueError(f"model.members must be at least 1, got {members}")
         if closure not in CLOSURES:
             raise ValueError(f"model.head.closure must be one of {list(CLOSURES)}, got {closure!r}")
-        self.members, self.closure, self.dropout = members, closure, dropout
+        self.members, self.closure, self.dropout, self.lexical = members, closure, dropout, bool(lexical)
         self.proj = MemberLinear(members, input_dim, step_dim)
-        self.hidden = MemberLinear(members, 4 * step_dim + NUM_PAIR_FEATURES, pair_hidden)
+        extra = NUM_PAIR_FEATURES + (NUM_LEXICAL_FEATURES if self.lexical else 0)
+        self.hidden = MemberLinear(members, 4 * step_dim + extra, pair_hidden)
         self.out = MemberLinear(members, pair_hidden, 1)
 
-    def direct(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
+    def direct(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor,
+               lexical: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(M, B, S, S) direct-dependency probabilities of the pairs ``a < b`` of each plan (0 elsewhere).
-        Only those pairs go through the pair MLP (about a sixth of the padded S x S grid for CaT-Bench)."""
+        Only those pairs go through the pair MLP (about a sixth of the padded S x S grid for CaT-Bench).
+        ``lexical`` (B, S, S, 8): :func:`lexical_pair_features` (:func:`plan_tensors`), read when the
+        head was built with ``lexical``."""
         B, S, H = steps.shape
         M = self.members
         x = F.dropout(steps.reshape(1, B * S, H).expand(M, -1, -1), self.dropout, self.training)  # a mask per member
         h = self.proj(x).view(M, B, S, -1)
         plan, a, b = torch.triu(mask[:, :, None] & mask[:, None, :], diagonal=1).nonzero(as_tuple=True)
         ha, hb = h[:, plan, a], h[:, plan, b]
-        position = pair_features(num_steps.to(h.device), S)[plan, a, b].expand(M, -1, -1)
+        position = pair_features(num_steps.to(h.device), S)[plan, a, b]
+        if self.lexical:
+            if lexical is None:
+                raise ValueError("this head reads lexical pair features (model.head.lexical=true): pass plan_tensors' 'lexical'")
+            position = torch.cat([position, lexical.to(position)[plan, a, b]], -1)
+        position = position.expand(M, -1, -1)
         hidden = F.gelu(self.hidden(torch.cat([ha, hb, ha * hb, (ha - hb).abs(), position], -1)))
         logits = self.out(F.dropout(hidden, self.dropout, self.training))[..., 0]
         direct = h.new_zeros(M, B, S, S, dtype=torch.float32)
         direct[:, plan, a, b] = torch.sigmoid(logits.float())
         return direct
 
-    def member_probs(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
-        direct = self.direct(steps, mask, num_steps)
+    def member_probs(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor,
+                     lexical: Optional[torch.Tensor] = None) -> torch.Tensor:
+        direct = self.direct(steps, mask, num_steps, lexical)
         M, B, S, _ = direct.shape
         reach = max_product_closure(direct.view(M * B, S, S)).view(M, B, S, S) if self.closure == "max" else direct
         return reach + reach.transpose(-1, -2)
 
-    def forward(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor) -> torch.Tensor:
-        return self.member_probs(steps, mask, num_steps).mean(0)
+    def forward(self, steps: torch.Tensor, mask: torch.Tensor, num_steps: torch.Tensor,
+                lexical: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.member_probs(steps, mask, num_steps, lexical).mean(0)
 
     def member_losses(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
         """(M,) each member's weighted mean binary cross-entropy at the labelled pairs of ``data`` (:func:`plan_tensors`)."""
-        probs = self.member_probs(data["steps"], data["mask"], data["num_steps"])[:, data["plan"], data["a"], data["b"]]
+        probs = self.member_probs(data["steps"], data["mask"], data["num_steps"], data.get("lexical"))
+        probs = probs[:, data["plan"], data["a"], data["b"]]
         bce = F.binary_cross_entropy(probs.clamp(1e-6, 1 - 1e-6), data["target"].expand_as(probs), reduction="none")
         return (bce * data["weight"]).sum(-1) / data["weight"].sum().clamp(min=1e-9)
 
@@ -188,7 +249,8 @@ class ClosureEnsemble(nn.Module):
 def plan_tensors(embeddings: Sequence[torch.Tensor], plans: Sequence[dict[str, Any]], rfg_weight: float = 1.0
                  ) -> dict[str, torch.Tensor]:
     """Padded step embeddings (B, S, H), step mask, ``num_steps`` and the labelled pairs of ``plans``
-    (``plan``, ``a``, ``b`` indices, ``target`` 1/0, ``weight``: ``rfg_weight`` for r-FG plans, else 1)."""
+    (``plan``, ``a``, ``b`` indices, ``target`` 1/0, ``weight``: ``rfg_weight`` for r-FG plans, else 1);
+    when every plan has its ``steps`` texts, also ``lexical`` (B, S, S, 8): :func:`lexical_pair_features`."""
     B, S, H = len(embeddings), max(len(e) for e in embeddings), embeddings[0].shape[-1]
     steps = embeddings[0].new_zeros(B, S, H)
     for k, emb in enumerate(embeddings):
@@ -198,7 +260,16 @@ def plan_tensors(embeddings: Sequence[torch.Tensor], plans: Sequence[dict[str, A
             for k, plan in enumerate(plans) for a, b, y in plan.get("labels", ())]
     cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
     long = lambda v: torch.tensor(v, dtype=torch.long, device=steps.device)  # noqa: E731
-    return {"steps": steps, "mask": torch.arange(S, device=steps.device)[None] < num_steps[:, None],
+    extra = {}
+    if plans and all("steps" in plan for plan in plans):
+        lexical = np.zeros((B, S, S, NUM_LEXICAL_FEATURES), dtype=np.float32)
+        for k, plan in enumerate(plans):
+            n = len(plan["steps"])
+            if n != len(embeddings[k]):
+                raise ValueError(f"plan {plan.get('plan_id', k)!r}: {n} step texts but {len(embeddings[k])} step embeddings")
+            lexical[k, :n, :n] = lexical_pair_features(tuple(plan["steps"]))
+        extra["lexical"] = torch.from_numpy(lexical).to(steps.device)
+    return {**extra, "steps": steps, "mask": torch.arange(S, device=steps.device)[None] < num_steps[:, None],
             "num_steps": num_steps, "plan": long(cols[0]), "a": long(cols[1]), "b": long(cols[2]),
             "target": torch.tensor(cols[3], dtype=torch.float32, device=steps.device),
             "weight": torch.tensor(cols[4], dtype=torch.float32, device=steps.device)}
@@ -403,7 +474,8 @@ class TeoClosureHeadModule(SeqawareModule):
     @torch.no_grad()
     def _predict(self, ensemble: ClosureEnsemble, plans: list[dict], embeddings: list[torch.Tensor]) -> np.ndarray:
         data = plan_tensors(embeddings, plans)
-        return ensemble(data["steps"], data["mask"], data["num_steps"])[data["plan"], data["a"], data["b"]].cpu().numpy()
+        probs = ensemble(data["steps"], data["mask"], data["num_steps"], data.get("lexical"))
+        return probs[data["plan"], data["a"], data["b"]].cpu().numpy()
 
     def setup(self, stage: str) -> None:
         """Before ``fit`` builds the optimiser: the baseline, and the cross-validation that sets the heads
@@ -527,7 +599,7 @@ class TeoClosureHeadModule(SeqawareModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         embeddings = self.embed(batch)
         data = plan_tensors(embeddings, batch["meta"])
-        probs = self.ensemble(data["steps"], data["mask"], data["num_steps"])
+        probs = self.ensemble(data["steps"], data["mask"], data["num_steps"], data.get("lexical"))
         for k, item in enumerate(batch["meta"]):
             pairs = [(min(q["first"], q["second"]), max(q["first"], q["second"])) for q in item["pairs"]]
             lr = baseline_probs(self.baseline, embeddings[k].cpu().numpy(), pairs) if self.baseline is not None else [None] * len(pairs)
