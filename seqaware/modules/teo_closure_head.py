@@ -149,6 +149,7 @@ def lexical_pair_features(steps: tuple[str, ...]) -> np.ndarray:
                          float(shared > 0), float(a == best and shared > 0), refers,
                          float(bool(words[a] & between)), min(shared, 5) / 5)
             between |= words[a]
+    out.flags.writeable = False  # cached and shared: callers copy it
     return out
 
 
