@@ -139,7 +139,7 @@ def test_a_lexical_head_reads_the_word_overlap_of_the_pair():
     plans = [{"steps": list(STEPS[:3]), "labels": [(0, 2, "yes")]}, {"steps": list(STEPS[:4]), "labels": [(1, 3, "no")]}]
     data = plan_tensors([torch.randn(3, 8), torch.randn(4, 8)], plans)
     assert data["lexical"].shape == (2, 4, 4, 8)
-    assert torch.equal(data["lexical"][1], torch.from_numpy(lexical_pair_features(tuple(STEPS[:4]))))
+    assert torch.equal(data["lexical"][1], torch.tensor(lexical_pair_features(tuple(STEPS[:4]))))
     assert torch.all(data["lexical"][0, 3] == 0) and torch.all(data["lexical"][0, :, 3] == 0)   # the padding step
     ensemble = ClosureEnsemble(8, members=2, step_dim=6, pair_hidden=5, lexical=True).eval()
     assert ensemble.hidden.weight.shape == (2, 4 * 6 + 8 + 8, 5)
