@@ -172,8 +172,9 @@ def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, de
             state["step"] += 1
 
         result.update(profile_figures(one_step, profile, cuda=device.type == "cuda"))
-        if profile_summary(result):
-            print(profile_summary(result))
+        summary = profile_summary(result)
+        if summary:
+            print(summary)
         print(format_profile(result["profile"]))
     if count_flops:
         # FLOPs of every objective's step, weighted by how often the schedule drew it while timing

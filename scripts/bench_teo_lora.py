@@ -152,8 +152,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         from seqaware.profiling import format_profile, profile_figures, profile_summary
 
         figures.update(profile_figures(step, args.profile, cuda=device.type == "cuda"))
-        if profile_summary(figures):
-            print(profile_summary(figures))
+        summary = profile_summary(figures)
+        if summary:
+            print(summary)
         print(format_profile(figures["profile"]))
     if args.json:
         import json

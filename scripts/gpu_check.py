@@ -302,7 +302,8 @@ def markdown(info: dict[str, Any], records: list[dict[str, Any]]) -> str:
             if profiled:
                 from seqaware.profiling import format_profile, profile_summary
 
-                busy = f" ({profile_summary(profiled)})" if profile_summary(profiled) else ""
+                summary = profile_summary(profiled)
+                busy = f" ({summary})" if summary else ""
                 lines += ["", f"Top operators, {r['name']}{busy}:", "", format_profile(profiled["profile"][:10])]
     lines += ["", "Commands (from the repository root):", ""] + [f"- {r['name']}: `{r['command']}`" for r in records]
     return "\n".join(lines) + "\n"

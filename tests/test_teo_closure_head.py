@@ -137,7 +137,8 @@ def test_lexical_pair_features_by_hand():
 def test_a_lexical_head_reads_the_word_overlap_of_the_pair():
     torch.manual_seed(0)
     plans = [{"steps": list(STEPS[:3]), "labels": [(0, 2, "yes")]}, {"steps": list(STEPS[:4]), "labels": [(1, 3, "no")]}]
-    data = plan_tensors([torch.randn(3, 8), torch.randn(4, 8)], plans)
+    assert "lexical" not in plan_tensors([torch.randn(3, 8), torch.randn(4, 8)], plans)   # only for a head that reads it
+    data = plan_tensors([torch.randn(3, 8), torch.randn(4, 8)], plans, lexical=True)
     assert data["lexical"].shape == (2, 4, 4, 8)
     assert torch.equal(data["lexical"][1], torch.tensor(lexical_pair_features(tuple(STEPS[:4]))))
     assert torch.all(data["lexical"][0, 3] == 0) and torch.all(data["lexical"][0, :, 3] == 0)   # the padding step
@@ -151,7 +152,7 @@ def test_a_lexical_head_reads_the_word_overlap_of_the_pair():
     with pytest.raises(ValueError, match="lexical pair features"):
         ensemble(data["steps"], data["mask"], data["num_steps"])
     with pytest.raises(ValueError, match="3 step texts but 4 step embeddings"):
-        plan_tensors([torch.randn(4, 8)], [{"plan_id": "p", "steps": list(STEPS[:3]), "labels": []}])
+        plan_tensors([torch.randn(4, 8)], [{"plan_id": "p", "steps": list(STEPS[:3]), "labels": []}], lexical=True)
 
 
 def test_bad_settings_are_named():

@@ -247,11 +247,12 @@ class ClosureEnsemble(nn.Module):
 
 
 # ---------------------------------------------------------------- data as tensors
-def plan_tensors(embeddings: Sequence[torch.Tensor], plans: Sequence[dict[str, Any]], rfg_weight: float = 1.0
-                 ) -> dict[str, torch.Tensor]:
+def plan_tensors(embeddings: Sequence[torch.Tensor], plans: Sequence[dict[str, Any]], rfg_weight: float = 1.0,
+                 lexical: bool = False) -> dict[str, torch.Tensor]:
     """Padded step embeddings (B, S, H), step mask, ``num_steps`` and the labelled pairs of ``plans``
     (``plan``, ``a``, ``b`` indices, ``target`` 1/0, ``weight``: ``rfg_weight`` for r-FG plans, else 1);
-    when every plan has its ``steps`` texts, also ``lexical`` (B, S, S, 8): :func:`lexical_pair_features`."""
+    with ``lexical`` (a head that reads them), also ``lexical`` (B, S, S, 8): :func:`lexical_pair_features`
+    of every plan's ``steps`` texts."""
     B, S, H = len(embeddings), max(len(e) for e in embeddings), embeddings[0].shape[-1]
     steps = embeddings[0].new_zeros(B, S, H)
     for k, emb in enumerate(embeddings):
@@ -262,14 +263,14 @@ def plan_tensors(embeddings: Sequence[torch.Tensor], plans: Sequence[dict[str, A
     cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
     long = lambda v: torch.tensor(v, dtype=torch.long, device=steps.device)  # noqa: E731
     extra = {}
-    if plans and all("steps" in plan for plan in plans):
-        lexical = np.zeros((B, S, S, NUM_LEXICAL_FEATURES), dtype=np.float32)
+    if lexical:
+        words = np.zeros((B, S, S, NUM_LEXICAL_FEATURES), dtype=np.float32)
         for k, plan in enumerate(plans):
-            n = len(plan["steps"])
+            n = len(plan.get("steps", ()))
             if n != len(embeddings[k]):
                 raise ValueError(f"plan {plan.get('plan_id', k)!r}: {n} step texts but {len(embeddings[k])} step embeddings")
-            lexical[k, :n, :n] = lexical_pair_features(tuple(plan["steps"]))
-        extra["lexical"] = torch.from_numpy(lexical).to(steps.device)
+            words[k, :n, :n] = lexical_pair_features(tuple(plan["steps"]))
+        extra["lexical"] = torch.from_numpy(words).to(steps.device)
     return {**extra, "steps": steps, "mask": torch.arange(S, device=steps.device)[None] < num_steps[:, None],
             "num_steps": num_steps, "plan": long(cols[0]), "a": long(cols[1]), "b": long(cols[2]),
             "target": torch.tensor(cols[3], dtype=torch.float32, device=steps.device),
@@ -450,7 +451,7 @@ class TeoClosureHeadModule(SeqawareModule):
 
     # ------------------------------------------------------------ training
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        data = plan_tensors(self.embed(batch), batch["meta"], float(self.setting["rfg_weight"]))
+        data = plan_tensors(self.embed(batch), batch["meta"], float(self.setting["rfg_weight"]), self.ensemble.lexical)
         loss = self.ensemble.loss(data)
         self.log("train/loss", loss, prog_bar=True, batch_size=max(int(data["target"].numel()), 1))
         return loss
@@ -464,7 +465,7 @@ class TeoClosureHeadModule(SeqawareModule):
             ensemble = self._build(setting).to(self.device)
             opt_cfg = dict(self.hparams.optimizer)
             optimizer = get_class(opt_cfg.pop("_target_"))(ensemble.parameters(), **opt_cfg)
-            data = plan_tensors(embeddings, plans, float(setting["rfg_weight"]))
+            data = plan_tensors(embeddings, plans, float(setting["rfg_weight"]), ensemble.lexical)
             ensemble.train()
             for _ in range(steps):
                 optimizer.zero_grad()
@@ -474,7 +475,7 @@ class TeoClosureHeadModule(SeqawareModule):
 
     @torch.no_grad()
     def _predict(self, ensemble: ClosureEnsemble, plans: list[dict], embeddings: list[torch.Tensor]) -> np.ndarray:
-        data = plan_tensors(embeddings, plans)
+        data = plan_tensors(embeddings, plans, lexical=ensemble.lexical)
         probs = ensemble(data["steps"], data["mask"], data["num_steps"], data.get("lexical"))
         return probs[data["plan"], data["a"], data["b"]].cpu().numpy()
 
@@ -599,7 +600,7 @@ class TeoClosureHeadModule(SeqawareModule):
     @torch.no_grad()
     def test_step(self, batch: dict, batch_idx: int) -> None:
         embeddings = self.embed(batch)
-        data = plan_tensors(embeddings, batch["meta"])
+        data = plan_tensors(embeddings, batch["meta"], lexical=self.ensemble.lexical)
         probs = self.ensemble(data["steps"], data["mask"], data["num_steps"], data.get("lexical"))
         for k, item in enumerate(batch["meta"]):
             pairs = [(min(q["first"], q["second"]), max(q["first"], q["second"])) for q in item["pairs"]]
