@@ -204,6 +204,16 @@ class StepCollator:
             patch_mask[image_mask] = mask
         return visual, patch_mask
 
+    def text_length(self, item: ViewItem) -> int:
+        """Tokens of ``item``'s steps packed into one sequence (``[CLS] s_0 [SEP] s_1 [SEP] ...``, each step
+        capped as :meth:`__call__` caps it): the length a joint encoder pass pads to, and the length proxy
+        of ``data.bucket_by_length``.  Without text: the number of steps."""
+        steps = item.steps[: self.max_steps]
+        if not self.use_text:
+            return len(steps)
+        ids = self.tokens.ids([s.text or "" for s in steps], self.max_tokens, self.max_sentences)
+        return 1 + sum(max(len(x) - 1, 0) for x in ids)
+
     def __call__(self, items: list[ViewItem]) -> dict[str, Any]:
         batch_size = len(items)
         num_steps = max(len(it.steps) for it in items)

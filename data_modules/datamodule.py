@@ -42,6 +42,14 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
             are used and ``collator.missing_image=error``.
         image_check_cache: folder remembering images that decoded (path + size + mtime), so the
             check costs a ``stat`` per image the second time; None: no cache.
+        bucket_by_length: group training batches by length
+            (:class:`~data_modules.sampling.LengthBucketBatchSampler` over
+            :meth:`StepCollator.text_length`, the packed text tokens of each instance): less padding
+            for encoders that pad a batch to its longest instance (a joint pass over a story, a step
+            pair); the batches' order stays shuffled per epoch.  Validation and test are not bucketed.
+            Lengths are measured once, on each instance as epoch 0 draws it (exact for the sequencing
+            view, whose steps only change order; a proxy for pretraining sub-sequences).
+        bucket_factor: batches per sorting window of the bucketing sampler.
     """
 
     def __init__(self, source: Callable[[], dict[str, list[Procedure]]], task: str = "sequencing",
@@ -49,7 +57,8 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
                  batch_size: int = 16, eval_batch_size: int | None = None, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, seed: int = 0,
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
-                 allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None):
+                 allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None,
+                 bucket_by_length: bool = False, bucket_factor: int = 50):
         super().__init__()
         if task not in TASKS:
             raise ValueError(f"data.task must be one of {TASKS}, got {task!r}")
@@ -70,6 +79,9 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         self.verify_images = verify_images
         self.image_check_cache = image_check_cache
         self.image_check_counts: dict[str, int] = {}
+        self.bucket_by_length = bool(bucket_by_length)
+        self.bucket_factor = int(bucket_factor)
+        self._lengths: dict[str, list[int]] = {}
         self.datasets: dict[str, torch.utils.data.Dataset] = {}
         self._tokenizer = None
         self._collator: StepCollator | None = None
@@ -141,8 +153,15 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         if split not in self.datasets:
             raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)}); "
                              f"set data.{split}_path or the source's {split} data")
+        lengths = None
+        if self.bucket_by_length and split == "train":
+            if split not in self._lengths:  # tokenises every step text once (the collator keeps the ids)
+                view = self.datasets[split]
+                self._lengths[split] = [self.collator.text_length(view[i]) for i in range(len(view))]
+            lengths = self._lengths[split]
         return epoch_loader(self.datasets[split], batch_size=batch_size, shuffle=shuffle, seed=self.seed,
-                            trainer=self.trainer, collate_fn=self.collator, num_workers=self.num_workers,
+                            trainer=self.trainer, collate_fn=self.collator, lengths=lengths,
+                            bucket_factor=self.bucket_factor, num_workers=self.num_workers,
                             pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
 
 

@@ -289,3 +289,56 @@ def test_epoch_sampler_is_a_function_of_seed_and_epoch():
     assert [i for i, _ in a] != [i for i, _ in b]
     shards = [list(EpochSampler(5, shuffle=False, num_replicas=2, rank=r)) for r in range(2)]
     assert [i for i, _ in shards[0]] == [0, 2, 4] and [i for i, _ in shards[1]] == [1, 3, 0]
+
+
+def _text_proc(pid: str, words: list[int]) -> Procedure:
+    steps = [Step(text=" ".join(f"w{pid}{k}" for k in range(w))) for w in words]
+    return Procedure(id=pid, steps=steps, split="train")
+
+
+def test_text_length_is_what_a_joint_pass_packs(tokenizer):
+    from seqaware.encoders.base import pack_steps
+    coll = StepCollator(tokenizer, max_tokens=12, use_images=False)
+    for k, words in enumerate([[1, 2, 3], [30, 1], [4, 4, 4, 4, 4], [0, 2]]):
+        item = SequencingView([_text_proc(f"p{k}", words)])[0]
+        batch = coll([item])
+        packed = pack_steps(batch["input_ids"], batch["attention_mask"], batch["step_mask"],
+                            tokenizer.cls_token_id, tokenizer.pad_token_id)
+        assert coll.text_length(item) == int(packed["attention_mask"].sum())
+    # hand-checked: [CLS] salt [SEP] pepper [SEP]; a 40-word step keeps 12 - 2 words + its [SEP]
+    two = Procedure(id="t", steps=[Step(text="salt"), Step(text="pepper")], split="train")
+    assert coll.text_length(SequencingView([two])[0]) == 5
+    long = Procedure(id="l", steps=[Step(text=" ".join(["salt"] * 40)), Step(text="pepper")], split="train")
+    assert coll.text_length(SequencingView([long])[0]) == 1 + 11 + 2
+    assert StepCollator(None, use_text=False, use_images=False).text_length(item) == 2
+
+
+def test_bucket_by_length_groups_training_batches_and_keeps_every_instance(tokenizer):
+    from data_modules.datamodule import ProcedureDataModule
+    rng = np.random.default_rng(0)
+    procs = [_text_proc(f"p{k}", [int(w) for w in rng.integers(1, 25, size=3)]) for k in range(24)]
+    source = lambda: {"train": procs, "val": procs[:6]}  # noqa: E731
+    kwargs = dict(source=source, tokenizer="offline:minilm", view={"max_steps": 5},
+                  collator={"max_tokens": 16, "use_images": False}, batch_size=4, eval_batch_size=4, seed=3)
+    plain = ProcedureDataModule(**kwargs)
+    bucketed = ProcedureDataModule(**kwargs, bucket_by_length=True, bucket_factor=100)  # one sorting window
+    for dm in (plain, bucketed):
+        dm.setup("fit")
+    lengths = {p.id: bucketed.collator.text_length(bucketed.datasets["train"][i]) for i, p in enumerate(procs)}
+
+    def epoch(dm, n):
+        loader = dm.train_dataloader()
+        loader.batch_sampler.set_epoch(n) if hasattr(loader.batch_sampler, "set_epoch") else loader.sampler.set_epoch(n)
+        return [[m["id"] for m in batch["meta"]] for batch in loader]
+
+    for n in (0, 1):
+        batches = epoch(bucketed, n)
+        assert sorted(i for b in batches for i in b) == sorted(lengths)  # every instance once per epoch
+        spans = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in batches)
+        assert all(hi <= nxt_lo for (_, hi), (nxt_lo, _) in zip(spans, spans[1:]))  # sorted runs of the window
+    assert epoch(bucketed, 0) != epoch(bucketed, 1)  # still shuffled per epoch
+    padded = {name: sum(len(b) * max(lengths[i] for i in b) for b in epoch(dm, 0))
+              for name, dm in (("plain", plain), ("bucketed", bucketed))}
+    assert padded["bucketed"] < padded["plain"]
+    val = [[m["id"] for m in batch["meta"]] for batch in bucketed.val_dataloader()]
+    assert [i for b in val for i in b] == [p.id for p in procs[:6]]  # evaluation keeps its order
