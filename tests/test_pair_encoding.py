@@ -174,3 +174,90 @@ def test_a_bad_pair_encoding_is_named():
         _module("text", pair_encoding="bad")
     with pytest.raises(ValueError, match="model.joint_max_tokens"):
         _module("text", pair_encoding="joint", joint_max_tokens=1)
+
+
+def test_test_views_permute_each_procedure_by_its_id_and_keep_padding():
+    from seqaware.modules.berson import view_permutations
+
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    perms = view_permutations(["a", "b"], mask, 4)
+    assert perms.shape == (4, 2, 5) and torch.equal(perms[0], torch.arange(5).repeat(2, 1))
+    for k in range(1, 4):
+        assert sorted(perms[k, 0].tolist()) == list(range(5))
+        assert sorted(perms[k, 1, :3].tolist()) == [0, 1, 2] and perms[k, 1, 3:].tolist() == [3, 4]
+    assert len({tuple(perms[k, 0].tolist()) for k in range(4)}) > 1
+    # a procedure's views do not depend on its batch
+    alone = view_permutations(["b"], mask[1:], 4)
+    assert torch.equal(alone[:, 0], perms[:, 1])
+
+
+def test_test_views_keep_the_proposal_with_the_best_summed_log_probability():
+    """An independent vote: every view's proposal re-scored by the teacher-forced pointer NLL of
+    ``_loss_terms`` on an explicitly re-ordered batch."""
+    from seqaware.modules.berson import view_permutations
+
+    batch = _batch("text", n_steps=(5, 4, 3))
+    module = _joint(decoding="beam", beam_size=3, test_views=3).eval()
+    with torch.no_grad():
+        voted = module.decode_views(batch, module.encode(batch))
+        perms = view_permutations([m["id"] for m in batch["meta"]], batch["step_mask"], 3)
+        views = []
+        for k in range(3):
+            shown = {key: (torch.stack([v[b, perms[k, b]] for b in range(len(v))])
+                           if key in ("input_ids", "attention_mask") else v) for key, v in batch.items()}
+            views.append(shown)
+        proposals = [[] for _ in range(3)]
+        for k, shown in enumerate(views):
+            for b, order in enumerate(module.decode(module.encode(shown))):
+                proposals[b].append([int(perms[k, b, p]) for p in order])
+
+        @torch.no_grad()
+        def nll(b: int, order: list[int]) -> float:
+            total = 0.0
+            for k, shown in enumerate(views):
+                slot = {int(p): v for v, p in enumerate(perms[k, b].tolist())}
+                gold = torch.full_like(shown["gold"], -1)
+                gold[b, :len(order)] = torch.tensor([slot[p] for p in order])
+                for other in range(len(gold)):  # other rows: any valid order (their NLL is not read)
+                    if other != b:
+                        gold[other] = shown["gold"][other]
+                t, _ = module._loss_terms(dict(shown, gold=gold))
+                total += float(t["pointer_nll"][b])
+            return total
+
+    for b in range(3):
+        assert sorted(voted[b]) == list(range(len(voted[b]))) and voted[b] in proposals[b]
+        assert nll(b, voted[b]) == pytest.approx(min(nll(b, c) for c in proposals[b]), abs=1e-4)
+    single = _joint(decoding="beam", beam_size=3).eval()
+    single.load_state_dict(module.state_dict())
+    with torch.no_grad():
+        assert single.decode(single.encode(batch)) == [proposals[b][0] for b in range(3)]
+
+
+@pytest.mark.parametrize("decoding", ["borda", "exact", "topological"])  # the BERSON module's "greedy" is the pointer's
+def test_test_views_average_pair_scores_in_the_input_positions(decoding):
+    batch = _batch("text", n_steps=(6, 4))
+    rank = torch.full(batch["gold"].shape, 99)              # rank[b, position] = its place in the gold order
+    for k, row in enumerate(batch["gold"].tolist()):
+        for place, step in enumerate(s for s in row if s >= 0):
+            rank[k, step] = place
+    batch["rank"] = rank                                    # a per-step tensor: every view re-orders it
+    module = _joint(decoding=decoding, test_views=4).eval()
+    encode = module.encode
+
+    def hand_set(shown):
+        state = encode(shown)
+        r = shown["rank"].float()
+        state.pair_logits = (r[:, None, :] - r[:, :, None]) * (state.pair_logits != 0)
+        return state
+    module.encode = hand_set  # type: ignore[method-assign]
+    with torch.no_grad():
+        orders = module.decode_views(batch, module.encode(batch))
+    assert orders == [[s for s in row if s >= 0] for row in batch["gold"].tolist()]
+
+
+def test_test_views_need_the_joint_encoding():
+    with pytest.raises(ValueError, match="model.test_views"):
+        _module("text", test_views=2)
+    with pytest.raises(ValueError, match="model.test_views"):
+        _joint(test_views=0)

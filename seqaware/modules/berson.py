@@ -19,6 +19,8 @@ metrics score it.  ``model.pair_encoding`` chooses how the pair states are obtai
     (:class:`data_modules.views.SequencingView` with ``reshuffle=True``: a new one per epoch) and in
     evaluation (one fixed per ``(seed, procedure id)``), and the collator keeps that order; so the
     text positions and step-index embeddings of the joint pass say nothing about the gold order.
+    ``test_views`` > 1 (``joint`` only; test and predict): the procedure is also encoded under
+    ``test_views - 1`` more orders of its steps, and the views vote (:meth:`BersonModule.decode_views`).
 
 Pairs (``pairwise``).  For an instance with n steps the n(n-1) ordered pairs (i, j) are built with
 index tensors (no Python loop over pairs) and encoded in chunks of ``pair_chunk`` pairs, so a 20-step procedure
@@ -29,6 +31,8 @@ text tokens plus its image tokens -- exactly what the hierarchical attention poo
 """
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from typing import Optional
 
 import torch
@@ -66,6 +70,9 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         joint_max_tokens: ``joint`` only: tokens per encoder pass (text + visual, the window's [CLS]
             included; also capped by the encoder's positions); longer procedures are windowed.
         pair_dropout: ``joint`` only: dropout of the pair module.
+        test_views: ``joint`` only: orders of the steps each test (and predict) procedure is encoded in
+            (1: the presented order alone).  A joint pass sees the steps in an order, so its scores
+            depend on it; more views average that out (:meth:`decode_views`).  Validation uses one.
         multi_reference_targets: train (and score the losses) against every reference order of an
             instance: the pointer's NLL at step t is that of pointing at any step some reference puts
             next after the authored prefix, and the pairwise loss counts only the pairs every reference
@@ -83,13 +90,17 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                  decoding: str = "beam", beam_size: int = 16, pair_chunk: int = 128, checkpoint_chunks: bool = False,
                  head_lr: Optional[float] = None, reference_selection: str = "joint",
                  multi_reference_targets: bool = False, pair_encoding: str = "pairwise", joint_max_tokens: int = 512,
-                 pair_dropout: float = 0.1):
+                 pair_dropout: float = 0.1, test_views: int = 1):
         super().__init__()
         if decoding not in POINTER_DECODERS and decoding not in PAIRWISE_DECODERS:
             raise ValueError(f"model.decoding must be one of {list(POINTER_DECODERS) + sorted(PAIRWISE_DECODERS)}, "
                              f"got {decoding!r}")
         if pair_encoding not in PAIR_ENCODINGS:
             raise ValueError(f"model.pair_encoding must be one of {list(PAIR_ENCODINGS)}, got {pair_encoding!r}")
+        if int(test_views) < 1 or (int(test_views) > 1 and pair_encoding != "joint"):
+            raise ValueError(f"model.test_views must be 1, or more with model.pair_encoding=joint (a pairwise "
+                             f"encoding does not depend on the order the steps are presented in), got {test_views!r} "
+                             f"with pair_encoding={pair_encoding!r}")
         if int(joint_max_tokens) < 2:
             raise ValueError(f"model.joint_max_tokens must be at least 2 ([CLS] + one token), got {joint_max_tokens!r}")
         self.save_hyperparameters({"encoder": as_container(encoder), "decoder": as_container(decoder or {}),
@@ -99,7 +110,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                                    "reference_selection": reference_selection,
                                    "multi_reference_targets": multi_reference_targets,
                                    "pair_encoding": pair_encoding, "joint_max_tokens": joint_max_tokens,
-                                   "pair_dropout": pair_dropout})
+                                   "pair_dropout": pair_dropout, "test_views": test_views})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
@@ -112,6 +123,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         self.pair_chunk = int(pair_chunk)
         self.checkpoint_chunks = bool(checkpoint_chunks)
         self.multi_reference_targets = bool(multi_reference_targets)
+        self.test_views = int(test_views)
         self._init_eval(reference_selection)
 
     def param_groups(self) -> list[dict]:
@@ -224,6 +236,51 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             return self.decoder.greedy(state)
         return PAIRWISE_DECODERS[self.decoding](state.pair_logits.detach().float(), state.step_mask)
 
+    @torch.no_grad()
+    def decode_views(self, batch: dict, state: BersonState) -> list[list[int]]:
+        """Orders of ``batch`` (input positions) voted by ``test_views`` encodings of each procedure.
+
+        View 0 is the batch as presented (``state``); view k > 0 presents each procedure's steps in a
+        permutation drawn from (procedure id, k) (:func:`view_permutations`), so a procedure gets the
+        same views in any batch.  Pointer decoding (``beam`` / ``greedy``): each view proposes its
+        order, and the proposal with the highest log-probability summed over all views' pointer
+        networks (teacher-forced, :meth:`decoders.berson.BersonDecoder.pointer_log_probs`) is kept.
+        Pairwise decoders: the views' pair logits are averaged, then decoded.
+        """
+        step_mask = batch["step_mask"]
+        perms = view_permutations([m["id"] for m in batch["meta"]], step_mask, self.test_views)
+        inverse = torch.argsort(perms, dim=-1)                  # inverse[k, b, p] = view slot of input position p
+        states = [state] + [self.encode(permute_steps(batch, perms[k])) for k in range(1, self.test_views)]
+        B = step_mask.shape[0]
+        rows = torch.arange(B, device=step_mask.device)
+        if self.decoding not in POINTER_DECODERS:
+            logits = torch.stack([st.pair_logits.float()[rows[:, None, None], inv[:, :, None], inv[:, None, :]]
+                                  for st, inv in zip(states, inverse)]).mean(0)
+            return PAIRWISE_DECODERS[self.decoding](logits, step_mask)
+        candidates: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
+        for st, perm in zip(states, perms):
+            for b, order in enumerate(self.decode(st)):
+                proposal = tuple(int(perm[b, p]) for p in order)
+                if proposal not in candidates[b]:
+                    candidates[b].append(proposal)
+        owner = torch.tensor([b for b in range(B) for _ in candidates[b]], device=step_mask.device)
+        orders = torch.full((len(owner), step_mask.shape[1]), -1, dtype=torch.long, device=step_mask.device)
+        flat = [c for b in range(B) for c in candidates[b]]
+        for r, c in enumerate(flat):
+            orders[r, :len(c)] = torch.tensor(c)
+        total = torch.zeros(len(owner), device=step_mask.device)
+        for st, inv in zip(states, inverse):
+            view_orders = torch.where(orders >= 0, inv[owner[:, None], orders.clamp(min=0)], orders)
+            logp = self.decoder.pointer_log_probs(state_rows(st, owner), view_orders)
+            picked = logp.float().gather(2, view_orders.clamp(min=0)[..., None]).squeeze(-1)
+            total += torch.where(view_orders >= 0, picked, torch.zeros_like(picked)).sum(1)
+        best, start = [], 0
+        for b in range(B):
+            k = len(candidates[b])
+            best.append(list(flat[start + int(total[start:start + k].argmax())]))
+            start += k
+        return best
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses, _ = self._losses(batch)
         n = len(batch["meta"])
@@ -234,8 +291,10 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
 
     def _eval_step(self, stage: str, batch: dict) -> None:
         t, state = self._loss_terms(batch)
-        # val/pointer_loss, val/pair_loss, val/pair_acc: sums over the split / counts; val/loss from them
-        self._record_orders(stage, batch, self.decode(state), losses={
+        orders = self.decode_views(batch, state) if stage == "test" and self.test_views > 1 else self.decode(state)
+        # val/pointer_loss, val/pair_loss, val/pair_acc: sums over the split / counts (of the presented
+        # order's encoding); val/loss from them
+        self._record_orders(stage, batch, orders, losses={
             "pointer_loss": (t["pointer_nll"], t["steps"]), "pair_loss": (t["pair_bce"], t["pairs"]),
             "pair_acc": (t["pair_correct"], t["pairs"])})
 
@@ -249,5 +308,34 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         self._eval_step("test", batch)
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[list[int]]:
-        orders = self.decode(self.encode(batch))
+        state = self.encode(batch)
+        orders = self.decode_views(batch, state) if self.test_views > 1 else self.decode(state)
         return [[meta["step_index"][p] for p in order] for meta, order in zip(batch["meta"], orders)]
+
+
+def view_permutations(ids: list, step_mask: torch.Tensor, views: int) -> torch.Tensor:
+    """(views, B, S) long: ``perm[k, b, v]`` = the input position shown at slot v of view k.  View 0 is the
+    identity; view k > 0 shuffles procedure b's real steps with a generator seeded by (its id, k), so it
+    does not depend on the batch; padding slots stay in place."""
+    B, S = step_mask.shape
+    perms = torch.arange(S).repeat(views, B, 1)
+    lengths = step_mask.sum(1).tolist()
+    for b, pid in enumerate(ids):
+        for k in range(1, views):
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{pid}/view {k}".encode()))
+            perms[k, b, :lengths[b]] = torch.randperm(int(lengths[b]), generator=gen)
+    return perms.to(step_mask.device)
+
+
+def permute_steps(batch: dict, perm: torch.Tensor) -> dict:
+    """``batch`` with every per-step tensor (first two dims (B, S), ``gold`` excepted) re-ordered so that slot v
+    of procedure b holds its input position ``perm[b, v]``."""
+    B, S = batch["step_mask"].shape
+    rows = torch.arange(B, device=perm.device)[:, None]
+    return {k: (v[rows, perm] if torch.is_tensor(v) and v.dim() >= 2 and tuple(v.shape[:2]) == (B, S) and k != "gold"
+                else v) for k, v in batch.items()}
+
+
+def state_rows(state: BersonState, rows: torch.Tensor) -> BersonState:
+    """The decoder state of instances ``rows`` (repeats allowed)."""
+    return BersonState(**{f.name: getattr(state, f.name)[rows] for f in dataclasses.fields(state)})
