@@ -561,7 +561,7 @@ class TeoClosureHeadModule(SeqawareModule):
                           "threshold": float(self.decision_threshold),
                           "oof_threshold": tau, "metric": self.hparams.cv_metric, "repeats": repeats, "steps": steps}
         log.info("cross-validation over %d plan folds x %d repetition(s) (mean ± std over folds):\n%s\nchosen: %s, "
-                 "threshold %.2f", len({p["folds"][0] for p in plans}), repeats, self.cv_table(), winner, float(self.decision_threshold))
+                 "threshold %.2f", len({p["folds"][0] for p in plans} - {-1}), repeats, self.cv_table(), winner, float(self.decision_threshold))
         if self.hparams.cv_file:
             path = Path(self.hparams.cv_file)
             path.parent.mkdir(parents=True, exist_ok=True)
