@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from decoders import PAIRWISE_DECODERS
-from seqaware.encoders.steps import encode_steps, step_windows
+from seqaware.encoders.base import pack_steps
+from seqaware.encoders.steps import alternating_segments, encode_steps, step_windows
 from seqaware.objectives.base import EncoderOutput
 from test_berson import _batch as berson_batch
 from test_berson import _module
@@ -161,6 +162,33 @@ def test_every_encoder_kind_trains_under_joint(name):
     assert any(n.startswith("pair_states.") for n in grads)
     if module.encoder.uses_images and getattr(module.encoder, "visual", None) is not None:
         assert any(n.startswith("encoder.visual") and g.abs().sum() > 0 for n, g in grads.items())
+
+
+def test_alternating_segments_mark_every_other_step():
+    # two procedures: steps of 2, 1, 2 word pieces and of 1, 1 ([CLS] w [SEP] per step, right-padded)
+    ids = torch.tensor([[[101, 7, 8, 102], [101, 9, 102, 0], [101, 10, 11, 102]],
+                        [[101, 12, 102, 0], [101, 13, 102, 0], [0, 0, 0, 0]]])
+    mask = (ids > 0).long()
+    packed = pack_steps(ids, mask, torch.tensor([[1, 1, 1], [1, 1, 0]]), 101, 0)
+    assert packed["input_ids"].tolist() == [[101, 7, 8, 102, 9, 102, 10, 11, 102], [101, 12, 102, 13, 102, 0, 0, 0, 0]]
+    types = alternating_segments(packed["text_step"], packed["attention_mask"])
+    assert types.tolist() == [[0, 0, 0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 0, 0, 0, 0]]   # a [SEP] goes with its step
+    module = _joint(joint_segments="alternating").eval()
+    seen = []
+    forward = module.encoder.forward
+    module.encoder.forward = lambda fusion: seen.append(fusion) or forward(fusion)  # type: ignore[method-assign]
+    batch = _batch("text", n_steps=(5, 3))
+    with torch.no_grad():
+        alternating = encode_steps(module.encoder, batch, 512, segments="alternating")
+        plain = encode_steps(module.encoder, batch, 512)
+        module.encode(batch)
+    assert torch.equal(seen[0]["token_type_ids"], alternating_segments(seen[0]["text_step"], seen[0]["attention_mask"]))
+    assert "token_type_ids" not in seen[1] and torch.equal(seen[2]["token_type_ids"], seen[0]["token_type_ids"])
+    assert seen[0]["token_type_ids"].max() == 1 and not torch.allclose(alternating, plain)
+    with pytest.raises(ValueError, match="text-only encoder with two token types"):
+        _joint("multimodal", joint_segments="alternating").encode(_batch("multimodal"))
+    with pytest.raises(ValueError, match="model.joint_segments"):
+        _joint(joint_segments="interval")
 
 
 def test_pairwise_stays_the_default_and_has_no_pair_module():

@@ -24,6 +24,9 @@ from torch import nn
 from seqaware.encoders.base import SequenceEncoder, pack_steps, step_visual_features
 
 
+SEGMENTS = ("none", "alternating")
+
+
 def step_windows(lengths: Sequence[int], budget: int, max_steps: Optional[int] = None
                  ) -> list[tuple[int, int, int, int]]:
     """Windows of whole steps over a procedure whose steps take ``lengths`` tokens each.
@@ -116,8 +119,16 @@ def position_limit(encoder: SequenceEncoder) -> int:
     return int(config.max_position_embeddings) - offset
 
 
-def encode_steps(encoder: SequenceEncoder, batch: dict, max_tokens: int, key: str = "model.joint_max_tokens"
-                 ) -> torch.Tensor:
+def alternating_segments(text_step: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """BERT4SO's interval segments for a packed ``[CLS] s_0 [SEP] s_1 [SEP] ...``: token type 0 for the
+    tokens of even steps, 1 for odd steps, each step's closing [SEP] with its step; [CLS] and padding 0.
+    ``text_step`` (B, T): :func:`seqaware.encoders.base.pack_steps`' step of each token (-1: CLS / SEP / pad)."""
+    owner = torch.cummax(text_step, dim=1).values.clamp(min=0)   # a [SEP] takes the step before it; [CLS] 0
+    return (owner % 2) * attention_mask.long()
+
+
+def encode_steps(encoder: SequenceEncoder, batch: dict, max_tokens: int, key: str = "model.joint_max_tokens",
+                 segments: str = "none") -> torch.Tensor:
     """Encode every procedure of a collated batch in one pass (per window) and pool its step states.
 
     ``batch``: ``input_ids`` / ``attention_mask`` (B, S, L) (each step tokenised with its own
@@ -133,9 +144,18 @@ def encode_steps(encoder: SequenceEncoder, batch: dict, max_tokens: int, key: st
     window's slots are re-numbered 0.. for the step embedding.  The visual backbone runs once per step
     image whatever the windows.
 
+    ``segments``: ``none`` (token type 0 throughout, as pretraining packs steps) or ``alternating``
+    (text-only encoders with two token types: :func:`alternating_segments`, BERT4SO's interval segments;
+    a window's first step is type 0).
+
     Returns (B, S, H) step states: the mean of the step's text and image token states in the window
     that owns it (0 for padding slots and for steps without any token).
     """
+    if segments not in SEGMENTS:
+        raise ValueError(f"segments must be one of {list(SEGMENTS)}, got {segments!r}")
+    if segments == "alternating" and (encoder.uses_images or getattr(encoder, "type_vocab_size", 1) < 2):
+        raise ValueError("alternating segments need a text-only encoder with two token types (BERT, MiniLM; "
+                         f"not {type(encoder).__name__} with modality {encoder.modality!r})")
     step_mask = batch["step_mask"].bool()
     B, S = step_mask.shape
     device = step_mask.device
@@ -182,6 +202,8 @@ def encode_steps(encoder: SequenceEncoder, batch: dict, max_tokens: int, key: st
     if encoder.uses_text:
         fusion.update(pack_steps(batch["input_ids"][row, safe], batch["attention_mask"][row, safe] * used[..., None],
                                  used, encoder.cls_token_id, encoder.pad_token_id))
+        if segments == "alternating":
+            fusion["token_type_ids"] = alternating_segments(fusion["text_step"], fusion["attention_mask"])
     if encoder.uses_images:
         # index_select (take_steps' rule): a deterministic backward when a step sits in several windows
         flat = row * S + safe

@@ -42,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 from decoders import PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, BersonState, pair_index, take_steps
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
-from seqaware.encoders.steps import PairStates, encode_steps
+from seqaware.encoders.steps import SEGMENTS, PairStates, encode_steps
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
 from seqaware.modules.sequencing import pairwise_targets, reference_targets
 
@@ -73,6 +73,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         test_views: ``joint`` only: orders of the steps each test (and predict) procedure is encoded in
             (1: the presented order alone).  A joint pass sees the steps in an order, so its scores
             depend on it; more views average that out (:meth:`decode_views`).  Validation uses one.
+        joint_segments: ``joint`` only, text encoders: ``none`` (token type 0, as pretraining packs steps)
+            or ``alternating`` (BERT4SO's interval segments: even steps type 0, odd steps type 1).
         multi_reference_targets: train (and score the losses) against every reference order of an
             instance: the pointer's NLL at step t is that of pointing at any step some reference puts
             next after the authored prefix, and the pairwise loss counts only the pairs every reference
@@ -90,7 +92,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                  decoding: str = "beam", beam_size: int = 16, pair_chunk: int = 128, checkpoint_chunks: bool = False,
                  head_lr: Optional[float] = None, reference_selection: str = "joint",
                  multi_reference_targets: bool = False, pair_encoding: str = "pairwise", joint_max_tokens: int = 512,
-                 pair_dropout: float = 0.1, test_views: int = 1):
+                 pair_dropout: float = 0.1, test_views: int = 1,
+                 joint_segments: str = "none"):
         super().__init__()
         if decoding not in POINTER_DECODERS and decoding not in PAIRWISE_DECODERS:
             raise ValueError(f"model.decoding must be one of {list(POINTER_DECODERS) + sorted(PAIRWISE_DECODERS)}, "
@@ -101,6 +104,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             raise ValueError(f"model.test_views must be 1, or more with model.pair_encoding=joint (a pairwise "
                              f"encoding does not depend on the order the steps are presented in), got {test_views!r} "
                              f"with pair_encoding={pair_encoding!r}")
+        if joint_segments not in SEGMENTS:
+            raise ValueError(f"model.joint_segments must be one of {list(SEGMENTS)}, got {joint_segments!r}")
         if int(joint_max_tokens) < 2:
             raise ValueError(f"model.joint_max_tokens must be at least 2 ([CLS] + one token), got {joint_max_tokens!r}")
         self.save_hyperparameters({"encoder": as_container(encoder), "decoder": as_container(decoder or {}),
@@ -110,12 +115,14 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                                    "reference_selection": reference_selection,
                                    "multi_reference_targets": multi_reference_targets,
                                    "pair_encoding": pair_encoding, "joint_max_tokens": joint_max_tokens,
-                                   "pair_dropout": pair_dropout, "test_views": test_views})
+                                   "pair_dropout": pair_dropout, "test_views": test_views,
+                                   "joint_segments": joint_segments})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
         self.pair_encoding = pair_encoding
         self.joint_max_tokens = int(joint_max_tokens)
+        self.joint_segments = joint_segments
         # joint: pair states from step states (no parameters under pairwise, so its checkpoints are unchanged)
         self.pair_states = PairStates(self.encoder.hidden_size, pair_dropout) if pair_encoding == "joint" else None
         self.decoding = decoding
@@ -201,7 +208,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
     def encode_joint(self, batch: dict) -> BersonState:
         """``pair_encoding=joint``: one encoder pass per procedure (window), pair states from step states."""
         step_mask = batch["step_mask"]
-        steps = encode_steps(self.encoder, batch, self.joint_max_tokens)        # (B, n, H)
+        steps = encode_steps(self.encoder, batch, self.joint_max_tokens, segments=self.joint_segments)  # (B, n, H)
         index = pair_index(step_mask)
         first, second, cls = self.pair_states(steps, index)
         return self.decoder.encode(first, second, cls, index, step_mask)
