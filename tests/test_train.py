@@ -92,7 +92,11 @@ MARKS = {"berson_roc": [pytest.mark.shared_data, pytest.mark.slow], "berson_fine
          "teo_lora_synthetic": [pytest.mark.slow]}
 # Options of a shipped experiment that fast-dev-run too (defaults only, both precisions): name -> (experiment,
 # overrides on top of its SMOKE entry, marks of the 32-true run; bf16-mixed is slow as the base experiment's runs).
-VARIANTS = {"berson_finetune_joint": ("berson_finetune", ["model.pair_encoding=joint"], [])}  # one pass per procedure: cheap
+VARIANTS = {"berson_finetune_joint": ("berson_finetune", ["model.pair_encoding=joint"], []),  # one pass per procedure: cheap
+            # the joint path's options: BERT4SO segments, 3 test views (voted in test_step), length buckets
+            "berson_roc_joint_options": ("berson_roc", ["model.pair_encoding=joint", "model.joint_segments=alternating",
+                                                        "model.test_views=3", "data.bucket_by_length=true"],
+                                         [pytest.mark.shared_data])}
 # extra overrides beyond the tiny world (test_wu2022_preset reuses them)
 TINY_EXTRA = {name: overrides for name, (overrides, _, _) in SMOKE.items()}
 # Every preset (configs/hparams/) and the experiments it is made for: each pair fast-dev-runs too.

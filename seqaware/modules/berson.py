@@ -265,16 +265,17 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                                   for st, inv in zip(states, inverse)]).mean(0)
             return PAIRWISE_DECODERS[self.decoding](logits, step_mask)
         candidates: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
-        for st, perm in zip(states, perms):
+        for st, perm in zip(states, perms.tolist()):
             for b, order in enumerate(self.decode(st)):
-                proposal = tuple(int(perm[b, p]) for p in order)
+                proposal = tuple(perm[b][p] for p in order)
                 if proposal not in candidates[b]:
                     candidates[b].append(proposal)
-        owner = torch.tensor([b for b in range(B) for _ in candidates[b]], device=step_mask.device)
-        orders = torch.full((len(owner), step_mask.shape[1]), -1, dtype=torch.long, device=step_mask.device)
         flat = [c for b in range(B) for c in candidates[b]]
+        owner = torch.tensor([b for b in range(B) for _ in candidates[b]], device=step_mask.device)
+        orders = torch.full((len(flat), step_mask.shape[1]), -1, dtype=torch.long)
         for r, c in enumerate(flat):
             orders[r, :len(c)] = torch.tensor(c)
+        orders = orders.to(step_mask.device)
         total = torch.zeros(len(owner), device=step_mask.device)
         for st, inv in zip(states, inverse):
             view_orders = torch.where(orders >= 0, inv[owner[:, None], orders.clamp(min=0)], orders)
