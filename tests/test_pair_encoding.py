@@ -185,8 +185,12 @@ def test_alternating_segments_mark_every_other_step():
     assert torch.equal(seen[0]["token_type_ids"], alternating_segments(seen[0]["text_step"], seen[0]["attention_mask"]))
     assert "token_type_ids" not in seen[1] and torch.equal(seen[2]["token_type_ids"], seen[0]["token_type_ids"])
     assert seen[0]["token_type_ids"].max() == 1 and not torch.allclose(alternating, plain)
+    with pytest.raises(ValueError, match="model.joint_segments=alternating needs .* a text-only encoder"):
+        _joint("multimodal", joint_segments="alternating")
+    with pytest.raises(ValueError, match="model.joint_segments=alternating needs model.pair_encoding=joint"):
+        _module("text", joint_segments="alternating")
     with pytest.raises(ValueError, match="text-only encoder with two token types"):
-        _joint("multimodal", joint_segments="alternating").encode(_batch("multimodal"))
+        encode_steps(_joint("multimodal").encoder, _batch("multimodal"), 512, segments="alternating")
     with pytest.raises(ValueError, match="model.joint_segments"):
         _joint(joint_segments="interval")
 

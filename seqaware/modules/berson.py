@@ -119,6 +119,10 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                                    "joint_segments": joint_segments})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
+        if joint_segments != "none" and (pair_encoding != "joint" or self.encoder.uses_images):
+            raise ValueError(f"model.joint_segments={joint_segments} needs model.pair_encoding=joint and a text-only "
+                             f"encoder (got pair_encoding={pair_encoding!r}, modality {self.encoder.modality!r}); "
+                             "pairwise text pairs already use BERT's sentence-pair segments")
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
         self.pair_encoding = pair_encoding
         self.joint_max_tokens = int(joint_max_tokens)
