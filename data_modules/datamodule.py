@@ -81,7 +81,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         self.image_check_counts: dict[str, int] = {}
         self.bucket_by_length = bool(bucket_by_length)
         self.bucket_factor = int(bucket_factor)
-        self._lengths: dict[str, list[int]] = {}
+        self._train_lengths: list[int] | None = None
         self.datasets: dict[str, torch.utils.data.Dataset] = {}
         self._tokenizer = None
         self._collator: StepCollator | None = None
@@ -155,10 +155,10 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
                              f"set data.{split}_path or the source's {split} data")
         lengths = None
         if self.bucket_by_length and split == "train":
-            if split not in self._lengths:  # tokenises every step text once (the collator keeps the ids)
+            if self._train_lengths is None:  # tokenises every step text once (the collator keeps the ids)
                 view = self.datasets[split]
-                self._lengths[split] = [self.collator.text_length(view[i]) for i in range(len(view))]
-            lengths = self._lengths[split]
+                self._train_lengths = [self.collator.text_length(view[i]) for i in range(len(view))]
+            lengths = self._train_lengths
         return epoch_loader(self.datasets[split], batch_size=batch_size, shuffle=shuffle, seed=self.seed,
                             trainer=self.trainer, collate_fn=self.collator, lengths=lengths,
                             bucket_factor=self.bucket_factor, num_workers=self.num_workers,
