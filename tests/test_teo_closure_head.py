@@ -338,3 +338,46 @@ def test_cross_validation_picks_the_setting_then_the_fit_trains_it(compose_train
     assert all(not p.requires_grad for p in model.encoder.parameters())
     trainer.test(model, datamodule=datamodule)
     assert model.test_rows["catbench"]["closure head"]["twin_consistency"] == 1.0 and model.test_rows["catbench"]["closure head"]["n"] == 40
+
+
+def test_blend_settings_share_their_heads_and_mix_in_the_baseline(compose_train, tmp_path, monkeypatch):
+    """Grid settings that differ only in ``blend`` train one set of heads per fold; their out-of-fold
+    probabilities are (1 - w) head + w baseline, and so are the tested answers' (predictions keep both)."""
+    from conftest import TINY_BERT
+    import train
+    from seqaware.modules import teo_closure_head as mod
+
+    cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "data.extra_eval_paths={}",
+                        "data.rfg_path=null", "data.cv_folds=3", "trainer.max_epochs=3", f"model.encoder.config={TINY_BERT}",
+                        "model.members=2", "model.cv_grid=[{closure: max},{closure: max, blend: 0.25},{closure: max, blend: 1.0}]")
+    datamodule, model, trainer = train.build(cfg)
+    fits, scored = [], {}
+    real_fit, real_scores = model._fit_heads, mod.fold_scores
+    monkeypatch.setattr(model, "_fit_heads", lambda *a, **k: fits.append(a[0]) or real_fit(*a, **k))
+    monkeypatch.setattr(mod, "fold_scores", lambda folds, metric: scored.setdefault(len(scored), folds) and real_scores(folds, metric))
+    trainer.fit(model, datamodule=datamodule)
+    assert len(fits) == 3                                   # one fit per fold, shared by the three settings
+    head, quarter, lr_only = (scored[i] for i in range(3))
+    cv = json.loads(Path(cfg.model.cv_file).read_text())
+    assert list(cv["rows"]) == ["closure=max", "closure=max, blend=0.25", "closure=max, blend=1.0", "logistic regression"]
+    for (gold, h), (_, q), (_, lr) in zip(head, quarter, lr_only):
+        np.testing.assert_allclose(q, 0.75 * h + 0.25 * lr, rtol=1e-6)
+    model.setting = dict(model.setting, blend=0.25)         # test the blended answer whatever setting won
+    trainer.test(model, datamodule=datamodule)
+    rows = [r for r in model.test_predictions if r["set"] == "catbench"]
+    tau = float(model.decision_threshold)
+    for r in rows:
+        assert r["p_dependent"] == pytest.approx(0.75 * r["p_head"] + 0.25 * r["p_lr"])
+        assert r["answer"] == ("yes" if r["p_dependent"] >= tau else "no")
+    assert model.test_rows["catbench"]["closure head"]["twin_consistency"] == 1.0
+
+
+def test_bad_blends_are_named():
+    from seqaware.modules.teo_closure_head import TeoClosureHeadModule
+
+    encoder, optimizer = {}, {"_target_": "torch.optim.AdamW", "lr": 1e-3}   # refused before anything is built
+    with pytest.raises(ValueError, match=r"model.cv_grid\[1\].blend must be in \[0, 1\]"):
+        TeoClosureHeadModule(encoder, optimizer, cv_grid=[{}, {"blend": 1.5}])
+    with pytest.raises(ValueError, match="model.blend=0.5 blends in the logistic-regression baseline"):
+        TeoClosureHeadModule(encoder, optimizer, blend=0.5, logistic_baseline=False)

@@ -25,6 +25,10 @@ asked, it is "yes"; docs/results/teo.md), so the model predicts *direct* depende
    ``r >= threshold``.
 5. **Ensemble.**  ``members`` heads from different initialisations trained side by side (disjoint
    parameters, summed losses: each trains exactly as it would alone), their ``r`` averaged.
+6. **Blend** (``blend: w``, default 0).  The answer's probability is ``(1 - w) r + w p_lr``, with
+   ``p_lr`` the logistic-regression baseline's (below; the mean over both presentations of the pair,
+   so twins still agree).  A grid setting may set it; settings that differ only in ``blend`` share
+   their trained heads in the cross-validation.
 
 Training: binary cross-entropy of ``r`` at every labelled pair, all training plans in one batch
 (``data.batch_size: null``), ``trainer.max_epochs`` steps of the optimiser (AdamW); pairs of r-FG
@@ -92,6 +96,7 @@ TABLE_COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R
 CV_METRICS = ("f1", "macro_f1", "accuracy")
 MODEL_ROW = "closure head"
 LR_ROW = "logistic regression"
+SETTING_KEYS = ("members", "rfg_weight", "blend")   # grid keys besides HEAD_KEYS
 
 
 # ---------------------------------------------------------------- the head
@@ -356,11 +361,13 @@ class TeoClosureHeadModule(SeqawareModule):
         head: :class:`ClosureEnsemble` settings (``step_dim``, ``pair_hidden``, ``dropout``, ``closure``);
             members: heads in the ensemble.
         cv_grid: settings to compare, each a dict overriding ``head`` (and/or ``members``,
-            ``rfg_weight``); ``[]`` or null: no cross-validation, ``head`` as given.
+            ``rfg_weight``, ``blend``); ``[]`` or null: no cross-validation, ``head`` as given.
         cv_metric: what the settings are chosen by (``macro_f1``, ``f1`` or ``accuracy``; mean over folds).
         threshold: ``cv`` (chosen on the winner's out-of-fold probabilities; 0.5 without cross-validation)
             or a number in (0, 1).
         rfg_weight: weight of the pairs of r-FG plans (``data.rfg_path``) in the loss.
+        blend: weight in [0, 1] of the logistic-regression baseline's probability in the answer
+            (module docstring, 6; needs ``logistic_baseline``).
         logistic_baseline, baseline_C: the logistic-regression row (and its inverse regularisation).
         cv_file: where the cross-validation table is written as JSON (null: not written).
         head_threads: CPU threads while the heads train (the cross-validation fits and the fit's steps;
@@ -373,7 +380,7 @@ class TeoClosureHeadModule(SeqawareModule):
     def __init__(self, encoder: dict, optimizer: dict, head: Optional[dict] = None, members: int = 3,
                  cv_grid: Optional[Sequence[dict]] = None, cv_metric: str = "macro_f1", threshold: Any = "cv",
                  rfg_weight: float = 1.0, logistic_baseline: bool = True, baseline_C: float = 1.0,
-                 cv_file: Optional[str] = None, head_threads: Optional[int] = 1):
+                 cv_file: Optional[str] = None, head_threads: Optional[int] = 1, blend: float = 0.0):
         super().__init__()
         head = dict(head or {})
         unknown = sorted(set(head) - set(HEAD_KEYS))
@@ -381,16 +388,21 @@ class TeoClosureHeadModule(SeqawareModule):
             raise ValueError(f"model.head: unknown setting(s) {unknown}; known: {list(HEAD_KEYS)}")
         grid = [dict(s) for s in (cv_grid or [])]
         for i, setting in enumerate(grid):
-            bad = sorted(set(setting) - set(HEAD_KEYS) - {"members", "rfg_weight"})
+            bad = sorted(set(setting) - set(HEAD_KEYS) - set(SETTING_KEYS))
             if bad:
-                raise ValueError(f"model.cv_grid[{i}]: unknown setting(s) {bad}; known: {list(HEAD_KEYS) + ['members', 'rfg_weight']}")
+                raise ValueError(f"model.cv_grid[{i}]: unknown setting(s) {bad}; known: {list(HEAD_KEYS) + list(SETTING_KEYS)}")
+        for where, value in [("model.blend", blend)] + [(f"model.cv_grid[{i}].blend", s["blend"]) for i, s in enumerate(grid) if "blend" in s]:
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"{where} must be in [0, 1], got {value!r}")
+            if float(value) > 0 and not logistic_baseline:
+                raise ValueError(f"{where}={value} blends in the logistic-regression baseline: set model.logistic_baseline=true")
         if cv_metric not in CV_METRICS:
             raise ValueError(f"model.cv_metric must be one of {list(CV_METRICS)}, got {cv_metric!r}")
         if not (threshold == "cv" or (isinstance(threshold, (int, float)) and 0.0 < float(threshold) < 1.0)):
             raise ValueError(f"model.threshold must be 'cv' or a number in (0, 1), got {threshold!r}")
         self.save_hyperparameters({"encoder": as_container(encoder), "optimizer": as_container(optimizer),
                                    "head": head, "members": members, "cv_grid": grid, "cv_metric": cv_metric,
-                                   "threshold": threshold, "rfg_weight": rfg_weight,
+                                   "threshold": threshold, "rfg_weight": rfg_weight, "blend": float(blend),
                                    "logistic_baseline": logistic_baseline, "baseline_C": baseline_C, "cv_file": cv_file,
                                    "head_threads": head_threads})
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
@@ -398,7 +410,7 @@ class TeoClosureHeadModule(SeqawareModule):
             raise ValueError("the closure head embeds step texts: use a text encoder (model.encoder: text)")
         for p in self.encoder.parameters():
             p.requires_grad_(False)
-        self.setting: dict[str, Any] = {"members": members, "rfg_weight": rfg_weight, **head}
+        self.setting: dict[str, Any] = {"members": members, "rfg_weight": rfg_weight, "blend": float(blend), **head}
         self.ensemble = self._build(self.setting)
         self.register_buffer("decision_threshold", torch.tensor(0.5 if threshold == "cv" else float(threshold)))
         self._cache: dict[tuple[str, ...], torch.Tensor] = {}
@@ -506,7 +518,8 @@ class TeoClosureHeadModule(SeqawareModule):
         steps = int(self.trainer.max_epochs or 0)
         if steps <= 0:
             raise ValueError("model selection by cross-validation trains for the fit's steps: set trainer.max_epochs > 0")
-        base = {"members": self.hparams.members, "rfg_weight": self.hparams.rfg_weight, **self.hparams.head}
+        base = {"members": self.hparams.members, "rfg_weight": self.hparams.rfg_weight, "blend": self.hparams.blend,
+                **self.hparams.head}
         settings = [dict(base, **s) for s in self.hparams.cv_grid]
         repeats = len(plans[0]["folds"])
         rows: dict[str, dict[str, Any]] = {}
@@ -527,14 +540,21 @@ class TeoClosureHeadModule(SeqawareModule):
                 gold = [y for i in held for _, _, y in plans[i]["labels"]]
                 tr_plans, tr_emb = [plans[i] for i in train], [embeddings[i] for i in train]
                 held_plans, held_emb = [plans[i] for i in held], [embeddings[i] for i in held]
-                for s, setting in enumerate(settings):
-                    ensemble = self._fit_heads(setting, tr_plans, tr_emb, steps, seed + 1000 * r + 10 * fold + s)
-                    per_fold[names[s]].append((gold, self._predict(ensemble, held_plans, held_emb)))
+                lr_probs = None
                 if self.hparams.logistic_baseline:
                     model = fit_baseline([e.cpu().numpy() for e in tr_emb], tr_plans, self.hparams.baseline_C)
-                    probs = np.concatenate([baseline_probs(model, e.cpu().numpy(), [(a, b) for a, b, _ in p["labels"]])
-                                            for p, e in zip(held_plans, held_emb)])
-                    per_fold[LR_ROW].append((gold, probs))
+                    lr_probs = np.concatenate([baseline_probs(model, e.cpu().numpy(), [(a, b) for a, b, _ in p["labels"]])
+                                               for p, e in zip(held_plans, held_emb)])
+                    per_fold[LR_ROW].append((gold, lr_probs))
+                heads: dict[str, np.ndarray] = {}  # settings that differ only in blend share their heads
+                for s, setting in enumerate(settings):
+                    key = repr(sorted((k, v) for k, v in setting.items() if k != "blend"))
+                    if key not in heads:
+                        ensemble = self._fit_heads(setting, tr_plans, tr_emb, steps, seed + 1000 * r + 10 * fold + s)
+                        heads[key] = self._predict(ensemble, held_plans, held_emb)
+                    w = float(setting.get("blend", 0.0))
+                    probs = heads[key] if w == 0 else (1 - w) * heads[key] + w * lr_probs
+                    per_fold[names[s]].append((gold, probs))
             for name in names:
                 if name == LR_ROW:  # the baseline answers at 0.5, as it does on the test questions
                     scores = [dict({k: float(binary_report(g, ["yes" if p >= 0.5 else "no" for p in pr])[k]) for k in CV_METRICS},
@@ -613,6 +633,12 @@ class TeoClosureHeadModule(SeqawareModule):
         records = gather_unique(self._eval_records, key=lambda r: (r["question"]["set"], r["question"]["pair_id"]))
         self._eval_records = []
         tau = float(self.decision_threshold)
+        w = float(self.setting.get("blend", 0.0))
+        if w > 0 and self.baseline is None:
+            raise RuntimeError(f"the head blends in the logistic-regression baseline (blend={w}) but none was fitted: "
+                               "set model.logistic_baseline=true")
+        for r in records:  # the answer's probability (module docstring, 6)
+            r["p_head"], r["p"] = r["p"], r["p"] if w == 0 else (1 - w) * r["p"] + w * r["p_lr"]
         self.test_rows, self.test_predictions = {}, []
         for name in sorted({r["question"]["set"] for r in records}, key=lambda s: (s != "catbench", s)):
             subset = [r for r in records if r["question"]["set"] == name]
@@ -636,7 +662,8 @@ class TeoClosureHeadModule(SeqawareModule):
             for r, answer in zip(subset, systems[MODEL_ROW]):
                 q = r["question"]
                 self.test_predictions.append({"set": name, "id": q["pair_id"], "first": q["first"], "second": q["second"],
-                                              "direction": q["direction"], "p_dependent": r["p"], "answer": answer,
+                                              "direction": q["direction"], "p_dependent": r["p"], "p_head": r["p_head"],
+                                              "p_lr": r["p_lr"], "answer": answer,
                                               "lr_answer": None if r["p_lr"] is None else ("yes" if r["p_lr"] >= 0.5 else "no"),
                                               "gold": q["answer"]})
         self.log("test/threshold", tau, sync_dist=False)
