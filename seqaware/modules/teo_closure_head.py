@@ -314,6 +314,11 @@ def baseline_probs(model: Any, emb: np.ndarray, pairs: Sequence[tuple[int, int]]
     return model.predict_proba(X)[:, 1].reshape(-1, 2).mean(1)
 
 
+def blend_probs(head: Any, baseline: Any, w: float) -> Any:
+    """The answer's probability (module docstring, 6): ``(1 - w) head + w baseline`` (``head`` itself at w = 0)."""
+    return head if w == 0 else (1 - w) * head + w * baseline
+
+
 # ---------------------------------------------------------------- scoring
 def fold_scores(folds: Sequence[tuple[list[str], np.ndarray]], metric: str = "macro_f1") -> list[dict[str, float]]:
     """Score each fold's ``(gold, probabilities)`` at the threshold chosen on the other folds' pooled
@@ -552,9 +557,7 @@ class TeoClosureHeadModule(SeqawareModule):
                     if key not in heads:
                         ensemble = self._fit_heads(setting, tr_plans, tr_emb, steps, seed + 1000 * r + 10 * fold + s)
                         heads[key] = self._predict(ensemble, held_plans, held_emb)
-                    w = float(setting.get("blend", 0.0))
-                    probs = heads[key] if w == 0 else (1 - w) * heads[key] + w * lr_probs
-                    per_fold[names[s]].append((gold, probs))
+                    per_fold[names[s]].append((gold, blend_probs(heads[key], lr_probs, float(setting.get("blend", 0.0)))))
             for name in names:
                 if name == LR_ROW:  # the baseline answers at 0.5, as it does on the test questions
                     scores = [dict({k: float(binary_report(g, ["yes" if p >= 0.5 else "no" for p in pr])[k]) for k in CV_METRICS},
@@ -626,7 +629,7 @@ class TeoClosureHeadModule(SeqawareModule):
             pairs = [(min(q["first"], q["second"]), max(q["first"], q["second"])) for q in item["pairs"]]
             lr = baseline_probs(self.baseline, embeddings[k].cpu().numpy(), pairs) if self.baseline is not None else [None] * len(pairs)
             for q, (a, b), p_lr in zip(item["pairs"], pairs, lr):
-                self._eval_records.append({"question": q, "p": float(probs[k, a, b]),
+                self._eval_records.append({"question": q, "p_head": float(probs[k, a, b]),
                                            "p_lr": None if p_lr is None else float(p_lr)})
 
     def on_test_epoch_end(self) -> None:
@@ -637,8 +640,8 @@ class TeoClosureHeadModule(SeqawareModule):
         if w > 0 and self.baseline is None:
             raise RuntimeError(f"the head blends in the logistic-regression baseline (blend={w}) but none was fitted: "
                                "set model.logistic_baseline=true")
-        for r in records:  # the answer's probability (module docstring, 6)
-            r["p_head"], r["p"] = r["p"], r["p"] if w == 0 else (1 - w) * r["p"] + w * r["p_lr"]
+        for r in records:
+            r["p"] = blend_probs(r["p_head"], r["p_lr"], w)
         self.test_rows, self.test_predictions = {}, []
         for name in sorted({r["question"]["set"] for r in records}, key=lambda s: (s != "catbench", s)):
             subset = [r for r in records if r["question"]["set"] == name]
