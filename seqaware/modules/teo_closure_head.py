@@ -415,7 +415,7 @@ class TeoClosureHeadModule(SeqawareModule):
             raise ValueError("the closure head embeds step texts: use a text encoder (model.encoder: text)")
         for p in self.encoder.parameters():
             p.requires_grad_(False)
-        self.setting: dict[str, Any] = {"members": members, "rfg_weight": rfg_weight, "blend": float(blend), **head}
+        self.setting: dict[str, Any] = self._configured_setting()
         self.ensemble = self._build(self.setting)
         self.register_buffer("decision_threshold", torch.tensor(0.5 if threshold == "cv" else float(threshold)))
         self._cache: dict[tuple[str, ...], torch.Tensor] = {}
@@ -425,6 +425,12 @@ class TeoClosureHeadModule(SeqawareModule):
         self._eval_records: list[dict[str, Any]] = []
         self.test_predictions: list[dict] = []
         self.test_rows: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def _configured_setting(self) -> dict[str, Any]:
+        """The setting the config gives (``members``, ``rfg_weight``, ``blend`` and ``head``): the model's
+        before cross-validation, and the base every ``cv_grid`` entry overrides."""
+        hp = self.hparams
+        return {"members": hp.members, "rfg_weight": hp.rfg_weight, "blend": hp.blend, **hp.head}
 
     def _build(self, setting: dict[str, Any]) -> ClosureEnsemble:
         return ClosureEnsemble(self.encoder.hidden_size, members=int(setting["members"]),
@@ -523,8 +529,7 @@ class TeoClosureHeadModule(SeqawareModule):
         steps = int(self.trainer.max_epochs or 0)
         if steps <= 0:
             raise ValueError("model selection by cross-validation trains for the fit's steps: set trainer.max_epochs > 0")
-        base = {"members": self.hparams.members, "rfg_weight": self.hparams.rfg_weight, "blend": self.hparams.blend,
-                **self.hparams.head}
+        base = self._configured_setting()
         settings = [dict(base, **s) for s in self.hparams.cv_grid]
         repeats = len(plans[0]["folds"])
         rows: dict[str, dict[str, Any]] = {}
