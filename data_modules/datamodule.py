@@ -1,8 +1,9 @@
 """The LightningDataModule: procedures -> task view -> batches."""
 from __future__ import annotations
 
+import inspect
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -35,6 +36,9 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         seed: seeds shuffling (per epoch) and the evaluation permutations.
         train_path / val_path / test_path: when set, passed on to the source (file-based sources
             such as ``jsonl`` and ``roc``), so users write ``data.train_path=...``.
+        extra_train_paths: more files whose records only ever join the training split (``roc``:
+            ``train_extra.tsv``), passed on to a source that takes them; a non-empty list for a source
+            that does not is an error naming the key.
         allow_outside_images: accept image paths that resolve outside the data folder (the folder
             of the procedures file); rejected by default.
         verify_images: decode every image of every split in ``setup`` (before the first step), so
@@ -58,7 +62,8 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
                  pin_memory: bool = False, persistent_workers: bool = False, seed: int = 0,
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
                  allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None,
-                 bucket_by_length: bool = False, bucket_factor: int = 50):
+                 bucket_by_length: bool = False, bucket_factor: int = 50,
+                 extra_train_paths: Sequence[str] | None = None):
         super().__init__()
         if task not in TASKS:
             raise ValueError(f"data.task must be one of {TASKS}, got {task!r}")
@@ -75,6 +80,12 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         self.seed = seed
         self.source_paths = {k: v for k, v in
                              {"train_path": train_path, "val_path": val_path, "test_path": test_path}.items() if v is not None}
+        if extra_train_paths:
+            func = getattr(source, "func", source)
+            if "extra_train_paths" not in inspect.signature(func).parameters:
+                raise ValueError(f"data.extra_train_paths: the data source {describe_source(source, {}, 'train')} "
+                                 "takes no extra training files (the roc source does)")
+            self.source_paths["extra_train_paths"] = [str(p) for p in extra_train_paths]
         self.allow_outside_images = allow_outside_images
         self.verify_images = verify_images
         self.image_check_cache = image_check_cache

