@@ -71,11 +71,25 @@ def plan_folds(sizes: Mapping[str, int], k: int, seed: int) -> dict[str, int]:
 
 def labelled_plans(questions: list[dict[str, Any]], path: Any) -> list[dict[str, Any]]:
     """Questions (:func:`read_catbench` items) -> one item per plan: ``plan_id``, ``steps``, ``title``,
-    ``efg_recipe_id`` and ``labels`` = sorted ``(first, second, yes|no)`` pairs (``first < second``)."""
+    ``efg_recipe_id`` and ``labels`` = sorted ``(first, second, yes|no)`` pairs (``first < second``).
+
+    A plan is its step list; questions that carry the same ``plan_idx`` must give the same steps, or the
+    plan would be split in two (which two cross-validation folds could then hold): that is an error
+    naming both questions and their lines."""
     plans: dict[tuple[str, ...], dict[str, Any]] = {}
     seen: dict[tuple, tuple[str, str]] = {}
+    by_index: dict[Any, dict[str, Any]] = {}
     for q in questions:
         steps = tuple(q["steps"])
+        if q.get("plan_idx") is not None:
+            first = by_index.setdefault(q["plan_idx"], q)
+            if tuple(first["steps"]) != steps:
+                differ = next((i for i, (x, y) in enumerate(zip(first["steps"], steps)) if x != y),
+                              min(len(first["steps"]), len(steps)))
+                raise ValueError(f"{path}:{q.get('line', '?')}: plan {q['plan_idx']} question {q['pair_id']}: steps: "
+                                 f"differ from those of question {first['pair_id']} of the same plan (line "
+                                 f"{first.get('line', '?')}) at step {differ} ({len(steps)} steps against "
+                                 f"{len(first['steps'])}): one plan, one step list")
         item = plans.setdefault(steps, {"plan_id": f"catbench:{q.get('plan_idx')}:{len(plans)}", "steps": list(steps),
                                         "title": q.get("title") or "", "efg_recipe_id": q.get("plan"), "pairs": {}})
         a, b = sorted((q["first"], q["second"]))
@@ -188,7 +202,8 @@ class CatBenchPlansDataModule(pl.LightningDataModule):
     def setup(self, stage: Optional[str] = None) -> None:
         if self.items:
             return
-        train = [dict(p, source=TRAIN_SET) for p in labelled_plans(read_catbench(self.train_path), self.train_path)]
+        train = [dict(p, source=TRAIN_SET)
+                 for p in labelled_plans(read_catbench(self.train_path, "data.train_path"), self.train_path)]
         sizes = {p["plan_id"]: len(p["labels"]) for p in train}
         draws = [plan_folds(sizes, self.cv_folds, self.seed + r) for r in range(self.cv_repeats)]
         for plan in train:

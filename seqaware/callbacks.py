@@ -259,7 +259,7 @@ class RuntimeForecast(pl.Callback):
         if cpu and self.forecast_hours > self.limit_hours:
             params = sum(p.numel() for p in pl_module.parameters()) / 1e6
             message = (f"this fit is on course to take {self.forecast_hours:.1f} h on this CPU ({remaining:,} more "
-                       f"training batches at {per_batch:.2f} s each, validation not counted; a {params:.0f}M-parameter "
+                       f"training batches at {per_batch:.2f} s each, validation not counted; a {params:.3g}M-parameter "
                        "model). Recipes with a base-size encoder (backbones=base) are sized for a GPU "
                        "(trainer=gpu); on the CPU, lower trainer.max_steps / max_epochs or use backbones=offline.")
             log.warning(message)

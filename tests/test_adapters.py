@@ -512,6 +512,44 @@ def test_roc_source_held_out_slices_are_disjoint_and_seeded(tmp_path):
     assert {k: len(v) for k, v in roc_source(str(path)).items()} == {"train": 80, "val": 10, "test": 10}
 
 
+def test_roc_extra_training_files_feed_only_the_training_split(tmp_path):
+    """data.extra_train_paths: validation and test are the same slices with or without the extra stories, no
+    extra story reaches them, and an extra story equal to a held-out one (case and spacing aside) is left out."""
+    path = tmp_path / "dev.tsv"
+    path.write_text("".join(f"s{i} a . <eos> s{i} b .\n" for i in range(100)))
+    plain = roc_source(str(path), test_fraction=0.2, seed=0)
+    held = plain["test"][0].steps
+    extra = tmp_path / "train_extra.tsv"
+    extra.write_text("".join(f"e{i} a . <eos> e{i} b .\n" for i in range(30))
+                     + f"{held[0].text.upper()} <eos>  {held[1].text}\n")        # a test story, re-cased
+    more = roc_source(str(path), test_fraction=0.2, seed=0, extra_train_paths=[str(extra)])
+    for name in ("val", "test"):
+        assert [p.id for p in more[name]] == [p.id for p in plain[name]]
+        assert not any(p.meta["file"] == "train_extra.tsv" for p in more[name])
+    assert [p.id for p in more["train"]] == [p.id for p in plain["train"]] + [f"train_extra-{i}" for i in range(1, 31)]
+    assert all(p.split == "train" for p in more["train"])
+
+
+def test_extra_training_files_for_a_source_without_them_name_the_key(tmp_path):
+    import functools
+
+    from data_modules.datamodule import ProcedureDataModule
+    from data_modules.sources import jsonl_source
+
+    with pytest.raises(ValueError, match="data.extra_train_paths: the data source .* takes no extra training files"):
+        ProcedureDataModule(source=functools.partial(jsonl_source), extra_train_paths=[str(tmp_path / "x.jsonl")])
+
+
+@pytest.mark.shared_data
+def test_roc_train_extra_reads_every_story_with_its_rare_words(shared_data):
+    stories = read_roc(shared_data / "roc" / "train_extra.tsv", "train")
+    assert len(stories) == 30731 and len({p.id for p in stories}) == 30731
+    assert not any("_UNK" in step.text for p in stories for step in p.steps)
+    split = roc_source(str(shared_data / "roc" / "dev.tsv"), test_fraction=0.2,
+                       extra_train_paths=[str(shared_data / "roc" / "train_extra.tsv")])
+    assert {k: len(v) for k, v in split.items()} == {"train": 6871 + 30731, "val": 982, "test": 1963}
+
+
 # ---------------------------------------------------------------- ISO-Bench / COHERENCE exports
 def test_iso_export_through_field_mapping(tmp_path):
     png(tmp_path / "iso" / "i0.png", RED)

@@ -1,6 +1,8 @@
 """Encoders: registry, single-stream fusion, visual backbones, regions, checkpoints, configs."""
 from __future__ import annotations
 
+import logging
+
 import importlib.util
 import socket
 import sys
@@ -235,6 +237,51 @@ def test_roberta_gets_two_token_types_and_offset_positions(tmp_path):
     long = fake_batch(B=1, L=100)                       # 1 + 3 steps x ~99 tokens > 130 positions
     with pytest.raises(ValueError, match="exceed the text model's 130 positions"):
         enc(fusion_input(enc, long))
+
+
+TINY_MPNET_CFG = dict(model_type="mpnet", vocab_size=30527, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=514, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0)
+
+
+def test_mpnet_text_encoder_takes_no_token_types_and_falls_back_to_eager_attention(caplog):
+    """MPNet has no token-type embeddings and no SDPA kernel in transformers 5.23: the default sdpa config
+    builds it with eager attention (said in the log), and token types the data carries are not passed on."""
+    from seqaware.encoders.text import TextEncoder
+
+    with caplog.at_level(logging.INFO, logger="seqaware.encoders.text"):
+        enc = TextEncoder(config=TINY_MPNET_CFG, tokenizer="offline:minilm").eval()
+    assert "using eager attention" in caplog.text and enc.backbone.config._attn_implementation == "eager"
+    assert enc.type_vocab_size == 0
+    ids = torch.tensor([[101, 2000, 2001, 102, 2003, 102]])
+    fusion = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    plain = enc(fusion).text_states
+    typed = enc({**fusion, "token_type_ids": torch.tensor([[0, 0, 0, 0, 1, 1]])}).text_states
+    torch.testing.assert_close(plain, typed)
+    torch.testing.assert_close(plain, enc.backbone(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state)
+
+
+def test_mpnet_single_stream_encoder_marks_image_tokens_with_its_own_type_table():
+    """Without token types in the model, the single-stream encoder adds a 2-row table to the input embeddings:
+    the text row is zero (text tokens enter as the pretrained model embeds them), the image row is learned."""
+    enc = create_encoder("clipvil", config=TINY_MPNET_CFG, tokenizer="offline:minilm", visual=TINY_VIT).eval()
+    assert enc.type_embedding is not None and enc.position_offset == 2       # MPNet's padding index is 1
+    assert torch.count_nonzero(enc.type_embedding.weight[0]) == 0 and torch.count_nonzero(enc.type_embedding.weight[1]) > 0
+    assert any(p is enc.type_embedding.weight for p in enc.new_parameters())
+    batch = fake_batch()
+    out = enc(fusion_input(enc, batch))
+    assert torch.isfinite(out.cls).all() and out.patch_states is not None
+    with torch.no_grad():  # the image row reaches exactly the visual tokens
+        enc.type_embedding.weight[1].add_(1.0)
+    moved = enc(fusion_input(enc, batch))
+    assert not torch.allclose(moved.patch_states, out.patch_states)
+    # the text-only ablation: the same text states as the model's own embedding of the packed ids
+    text = create_encoder("text", config=TINY_MPNET_CFG, tokenizer="offline:minilm").eval()
+    ablation = create_encoder("clipvil", modality="text", step_embedding=False, config=TINY_MPNET_CFG,
+                              tokenizer="offline:minilm", visual=None).eval()
+    ablation.backbone.load_state_dict(text.backbone.state_dict())
+    fusion = fusion_input(text, batch)
+    torch.testing.assert_close(ablation(fusion).text_states, text(fusion).text_states, atol=1e-5, rtol=1e-5)
 
 
 def test_region_pooling_counts_regions_matches_cell_means_and_respects_box_mask():

@@ -195,6 +195,24 @@ def test_alternating_segments_mark_every_other_step():
         _joint(joint_segments="interval")
 
 
+def test_segments_are_refused_when_the_module_is_built_for_a_model_without_two_token_types():
+    """MPNet embeds no token types (RoBERTa one): BERT4SO's segments cannot be honoured, so building the module
+    fails naming the key, instead of training with the option silently ignored."""
+    from seqaware.modules.berson import BersonModule
+    from test_encoders import TINY_MPNET_CFG
+
+    encoder = {"_target_": "seqaware.encoders.create_encoder", "name": "text", "config": TINY_MPNET_CFG,
+               "tokenizer": "offline:minilm", "name_or_path": "offline:mpnet"}
+    with pytest.raises(ValueError, match=r"model.joint_segments=alternating needs a text model with two token types.*"
+                                         r"'offline:mpnet' has 0.*set model.joint_segments=none"):
+        BersonModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3},
+                     pair_encoding="joint", joint_segments="alternating")
+    module = BersonModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3}, pair_encoding="joint")
+    batch = _batch("text")
+    with torch.no_grad():
+        assert torch.isfinite(encode_steps(module.encoder, batch, 512)).all()
+
+
 def test_pairwise_stays_the_default_and_has_no_pair_module():
     module = _module("text")
     assert module.pair_encoding == "pairwise" and module.pair_states is None

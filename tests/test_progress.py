@@ -125,3 +125,45 @@ def test_prepare_dataset_bar_counts_input_records(tmp_path, capsys):
     assert "building tasks: 100%" in err
     prepare_dataset("rfg", tmp_path / "rfg", tmp_path / "out2", progress=False)
     assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------- the CPU run-time forecast
+class _TenSecondSteps(pl.LightningModule):
+    """Each training step advances the fake clock by 10 s and stops the fit after 6 batches."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.clock = clock
+
+    def training_step(self, batch, batch_idx):
+        self.clock.now += 10.0
+        if batch_idx >= 5:
+            self.trainer.should_stop = True
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("limit_hours, warned", [(1.0, True), (3.0, False)])
+def test_runtime_forecast_warns_once_when_a_cpu_fit_would_take_over_the_limit(monkeypatch, limit_hours, warned, caplog):
+    from seqaware.callbacks import RuntimeForecast
+
+    fake = FakeClock()
+    monkeypatch.setattr("seqaware.callbacks.time.monotonic", fake)
+    forecast = RuntimeForecast(limit_hours=limit_hours, warmup_steps=2, measure_steps=3)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1000, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[forecast])
+    loader = DataLoader(TensorDataset(torch.zeros(2000, 2)), batch_size=1)
+    with caplog.at_level("WARNING", logger="seqaware.callbacks"):
+        trainer.fit(_TenSecondSteps(fake), loader)
+    # 3 timed batches of 10 s, 995 batches left after the 5th: 2.76 h
+    assert forecast.forecast_hours == pytest.approx(995 * 10 / 3600)
+    messages = [r.getMessage() for r in caplog.records if "on course to take" in r.getMessage()]
+    assert len(messages) == int(warned)
+    if warned:
+        assert "2.8 h on this CPU" in messages[0] and "995 more training batches at 10.00 s" in messages[0]
+        assert "backbones=offline" in messages[0]
+    with pytest.raises(ValueError, match="limit_hours > 0"):
+        RuntimeForecast(limit_hours=0)

@@ -204,6 +204,28 @@ def test_labelled_plans_keep_one_label_per_pair_and_name_conflicts(tmp_path):
         labelled_plans(read_catbench(write(tmp_path / "bad.jsonl", bad)), "bad.jsonl")
 
 
+def test_questions_of_one_plan_that_disagree_on_its_steps_are_an_error(tmp_path):
+    """One plan_idx, two step lists (an edited step): refused naming the file, both questions, their lines and
+    the first step that differs, instead of becoming a second plan that another fold could hold."""
+    edited = STEPS[:3] + ["Bake for 25 minutes."] + STEPS[4:]
+    rows = [question(0, 0, 1, 3, "yes"), question(1, 0, 0, 1, "yes", steps=["A.", "B."]),
+            question(0, 1, 0, 2, "no", steps=edited)]
+    with pytest.raises(ValueError, match=r"d.jsonl:3: plan 0 question 0-nondependent_real_before-1: steps: differ from "
+                                         r"those of question 0-dependent_real_before-0 of the same plan \(line 1\) at step 3"):
+        labelled_plans(read_catbench(write(tmp_path / "d.jsonl", rows)), tmp_path / "d.jsonl")
+
+
+def test_an_empty_training_file_names_the_training_key(tmp_path):
+    from data_modules.catbench_plans import CatBenchPlansDataModule
+
+    empty = write(tmp_path / "empty.jsonl", [])
+    held = write(tmp_path / "test.jsonl", [question(5, 0, 0, 1, "yes", steps=["A.", "B."])])
+    with pytest.raises(ValueError, match=f"data.train_path={empty}: the file holds no CaT-Bench questions"):
+        CatBenchPlansDataModule(str(empty), str(held)).setup()
+    with pytest.raises(FileNotFoundError, match="data.train_path: no such file"):
+        CatBenchPlansDataModule(str(tmp_path / "missing.jsonl"), str(held)).setup()
+
+
 def test_a_test_plan_that_is_a_training_plan_is_an_error(tmp_path):
     train = labelled_plans(read_catbench(write(tmp_path / "t.jsonl", [question(0, 0, 0, 1, "yes")])), "t")
     same = [dict(train[0], plan_id="x", steps=[s.upper().replace(".", " .") for s in STEPS])]  # reformatted steps
@@ -381,3 +403,55 @@ def test_bad_blends_are_named():
         TeoClosureHeadModule(encoder, optimizer, cv_grid=[{}, {"blend": 1.5}])
     with pytest.raises(ValueError, match="model.blend=0.5 blends in the logistic-regression baseline"):
         TeoClosureHeadModule(encoder, optimizer, blend=0.5, logistic_baseline=False)
+
+
+def test_cross_validation_chooses_the_step_features_like_any_setting(compose_train, tmp_path):
+    """model.extra_features adds a frozen text model; the grid's ``features`` picks the model's encoder, the extra
+    one or both side by side; each setting's heads read their own features (widths 32, 384, 416), the baseline
+    reads model.features; the extra model is not saved in checkpoints and a test from the checkpoint rebuilds it."""
+    from conftest import TINY_BERT
+    import train
+    from seqaware.modules.teo_closure_head import mean_pooled
+
+    cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "data.extra_eval_paths={}",
+                        "data.rfg_path=null", "data.cv_folds=3", "trainer.max_epochs=3", f"model.encoder.config={TINY_BERT}",
+                        "model.members=1", "+model.extra_features.minilm=offline:minilm", "model.features=minilm",
+                        "model.cv_grid=[{features: encoder},{features: minilm},{features: encoder+minilm}]",
+                        "callbacks.last_checkpoint.every_n_epochs=1")
+    datamodule, model, trainer = train.build(cfg)
+    fitted = []
+    real_fit = model._fit_heads
+    model._fit_heads = lambda setting, plans, emb, *a: fitted.append((setting["features"], emb[0].shape[-1])) or real_fit(setting, plans, emb, *a)
+    trainer.fit(model, datamodule=datamodule)
+    assert {features: width for features, width in fitted} == {"encoder": 32, "minilm": 384, "encoder+minilm": 416}
+    cv = json.loads(Path(cfg.model.cv_file).read_text())
+    assert list(cv["rows"]) == ["features=encoder", "features=minilm", "features=encoder+minilm", "logistic regression"]
+    assert model.ensemble.proj.weight.shape[-2] == model.feature_dim(model.setting["features"])
+    # the extra set: MiniLM's own tokenizer and mean pooling, L2-normalised, side by side after the encoder's
+    batch = datamodule.collator(datamodule.items["train"][:1])
+    both = model.embed(batch, "encoder+minilm")[0]
+    extra, tokenizer = model._extra["minilm"]
+    tokens = tokenizer(list(batch["meta"][0]["steps"]), padding=True, return_tensors="pt")
+    torch.testing.assert_close(both[:, 32:], mean_pooled(extra, tokens["input_ids"], tokens["attention_mask"]))
+    torch.testing.assert_close(both[:, :32], model.embed(batch, "encoder")[0])
+    ckpt = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert not any("minilm" in key or key.startswith("_extra") for key in ckpt["state_dict"])
+    assert ckpt["closure_head"]["setting"]["features"] == model.setting["features"]
+    trainer.test(model, datamodule=datamodule)
+    expected = model.test_rows["catbench"]["closure head"]
+    _, reloaded, tester = train.build(cfg)
+    tester.test(reloaded, datamodule=datamodule, ckpt_path=str(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"))
+    assert reloaded.setting == model.setting and reloaded.test_rows["catbench"]["closure head"] == expected
+
+
+def test_unknown_feature_sets_are_named():
+    from seqaware.modules.teo_closure_head import TeoClosureHeadModule
+
+    encoder, optimizer = {}, {"_target_": "torch.optim.AdamW", "lr": 1e-3}   # refused before anything is built
+    with pytest.raises(ValueError, match=r"model.cv_grid\[1\].features='encoder\+mpnet': unknown feature set\(s\) \['mpnet'\]"):
+        TeoClosureHeadModule(encoder, optimizer, cv_grid=[{}, {"features": "encoder+mpnet"}])
+    with pytest.raises(ValueError, match="model.features='minilm'"):
+        TeoClosureHeadModule(encoder, optimizer, features="minilm")
+    with pytest.raises(ValueError, match="model.extra_features: names must not be 'encoder'"):
+        TeoClosureHeadModule(encoder, optimizer, extra_features={"encoder": "offline:minilm"})

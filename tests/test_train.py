@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 import train
-from conftest import TINY_BERT, tiny_pretrain
+from conftest import TINY_BERT, TINY_MPNET, tiny_pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
@@ -96,7 +96,16 @@ VARIANTS = {"berson_finetune_joint": ("berson_finetune", ["model.pair_encoding=j
             # the joint path's options: BERT4SO segments, 3 test views (voted in test_step), length buckets
             "berson_roc_joint_options": ("berson_roc", ["model.pair_encoding=joint", "model.joint_segments=alternating",
                                                         "model.test_views=3", "data.bucket_by_length=true"],
-                                         [pytest.mark.shared_data])}
+                                         [pytest.mark.shared_data]),
+            # a base-size encoder's code paths on a tiny random MPNet (no token types, no SDPA kernel): BERSON's
+            # pairwise and joint encodings, the TEO encoder heads, text pretraining
+            "berson_roc_mpnet": ("berson_roc", [f"model.encoder.config={TINY_MPNET}"], [pytest.mark.shared_data]),
+            "berson_roc_joint_mpnet": ("berson_roc", [f"model.encoder.config={TINY_MPNET}", "model.pair_encoding=joint"],
+                                       [pytest.mark.shared_data]),
+            "teo_head_synthetic_mpnet": ("teo_head_synthetic", [f"model.encoder.config={TINY_MPNET}"], []),
+            "teo_plan_head_synthetic_mpnet": ("teo_plan_head_synthetic", [f"model.encoder.config={TINY_MPNET}"], []),
+            "roberta_pretrain_mpnet": ("roberta_pretrain", [f"model.encoder.config={TINY_MPNET}"], []),
+            "berson_finetune_mpnet": ("berson_finetune", [f"model.encoder.config={TINY_MPNET}"], [pytest.mark.slow])}
 # extra overrides beyond the tiny world (test_wu2022_preset reuses them)
 TINY_EXTRA = {name: overrides for name, (overrides, _, _) in SMOKE.items()}
 # Every preset (configs/hparams/) and the experiments it is made for: each pair fast-dev-runs too.
@@ -107,10 +116,17 @@ PRESETS = {
     "mateo": ("teo_lora_internvl", "teo_lora_modalities"),
     "mateo_fast": ("teo_lora_internvl", "teo_lora_modalities"),
     "roc_joint": ("berson_roc",),
+    "roc_base": ("berson_roc",),
+    "catbench_base": ("teo_plan_head_catbench",),
 }
 # On top of SMOKE's: the preset's 5-image pretraining sequences need more than the 4 patches of a 64-px grid
 # for SMRM's masks to stay below 50% overlap (sec. 4.2.3; 16 at 128 px); the preset's own 224 px give 49.
-PRESET_EXTRA = {"wu2022": ["data.collator.image_size=128"]}
+PRESET_EXTRA = {"wu2022": ["data.collator.image_size=128"],
+                # the base presets' code paths without the 400 MB: a tiny random MPNet with MiniLM's tokenizer, and
+                # MiniLM's real weights under the name of the closure head's extra feature set
+                # (test_base_presets_with_the_real_mpnet runs them on the real weights where installed)
+                "roc_base": [f"model.encoder.config={TINY_MPNET}", "backbones.tokenizer=offline:minilm"],
+                "catbench_base": ["model.extra_features.mpnet=offline:minilm"]}
 # Both precisions, forced: CI may run on a CPU without fast bf16, where auto_precision (berson_*, teo_head_*)
 # picks 32-true and a bf16-only failure (fused AdamW + clipping under bf16-mixed, hparams=wu2022) would
 # pass unseen; bf16 autocast runs on any x86 CPU, only slower. Precision-free params: the fast loop keeps
@@ -157,6 +173,30 @@ def test_fast_dev_run_every_experiment_preset_and_precision(compose_train, exper
     assert "testing the current weights" in caplog.text  # fast_dev_run saves no checkpoint
     if check is not None:
         assert check(cfg, metrics) is not False
+
+
+@pytest.mark.mpnet
+@pytest.mark.slow
+@pytest.mark.shared_data
+@pytest.mark.parametrize("experiment, preset, overrides", [
+    ("berson_roc", "roc_base", ["data.source.max_stories=40", "data.eval_batch_size=8", "model.beam_size=2"]),
+    ("teo_plan_head_catbench", "catbench_base", ["model.members=1", "data.cv_folds=2", "data.eval_batch_size=32",
+                                                 "trainer.max_epochs=3",
+                                                 "model.cv_grid=[{features: encoder},{features: mpnet},{features: encoder+mpnet}]"]),
+], ids=["roc_base", "catbench_base"])
+def test_base_presets_with_the_real_mpnet(compose_train, experiment, preset, overrides):
+    """The base presets on the real all-mpnet-base-v2 weights: BERSON's one-pass recipe takes a step and tests;
+    the closure head cross-validates MiniLM, MPNet and both side by side (768 + 384 features)."""
+    cfg = compose_train(f"experiment={experiment}", f"hparams={preset}", "trainer.fast_dev_run=true", *overrides)
+    assert cfg.model.encoder.name_or_path == "offline:mpnet" or cfg.model.extra_features.mpnet == "offline:mpnet"
+    metrics = train.run(cfg)
+    assert all(torch.isfinite(torch.tensor(float(v))) for v in metrics.values()), metrics
+    if experiment == "teo_plan_head_catbench":
+        cv = json.loads((Path(cfg.paths.output_dir) / "cv_results.json").read_text())
+        assert list(cv["rows"]) == ["features=encoder", "features=mpnet", "features=encoder+mpnet", "logistic regression"]
+        assert cv["winner"]["features"] in ("encoder", "mpnet", "encoder+mpnet")
+    else:
+        assert 0.0 <= metrics["test/pmr"] <= 1.0
 
 
 def test_mistyped_key_fails_with_hydras_error(compose_train):

@@ -158,7 +158,7 @@ def convert(src: Path, out_images: Path | None = None, split: str = "test") -> A
     return result
 
 
-def read_catbench(path: str | Path) -> list[dict[str, Any]]:
+def read_catbench(path: str | Path, key: str = "data.eval_path") -> list[dict[str, Any]]:
     """CaT-Bench questions as pair items, for the TEO heads (``data.eval_path`` of
     :mod:`data_modules.teo_encoder_pairs` and :mod:`data_modules.teo_plans`) and ``scripts/catbench_eval.py``.
 
@@ -171,12 +171,13 @@ def read_catbench(path: str | Path) -> list[dict[str, Any]]:
     ``steps`` a list of strings, integer step indices inside it, yes/no label, before/after
     direction; only :data:`PAIR_FIELDS` are required, and a file without ``question_idx`` numbers
     its questions by line); all problems are raised together as ``file:line: plan P question Q:
-    field: reason``.
+    field: reason``.  ``key`` is the config key named when the file is missing or holds no questions
+    (``data.train_path`` for a training file).  Items keep their ``line``.
     """
     items = []
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data.eval_path: no such file: {path}")
+        raise FileNotFoundError(f"{key}: no such file: {path}")
     log = ProblemLog()
     seen: dict[str, tuple[Path, int]] = {}
     for line_no, q in iter_json_records(path, log):
@@ -193,8 +194,8 @@ def read_catbench(path: str | Path) -> list[dict[str, Any]]:
         items.append({"pair_id": qid, "text_a": q["steps"][a], "text_b": q["steps"][b], "direction": direction,
                       "answer": label, "plan": q.get("efg_recipe_id"), "question_type": q.get("question_type"),
                       "steps": list(q["steps"]), "first": first, "second": second, "plan_idx": q.get("plan_idx"),
-                      "title": q.get("title")})
+                      "title": q.get("title"), "line": line_no})
     log.raise_if_any()
     if not items:
-        raise ValueError(f"data.eval_path={path}: the file holds no CaT-Bench questions")
+        raise ValueError(f"{key}={path}: the file holds no CaT-Bench questions")
     return items
