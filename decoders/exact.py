@@ -15,6 +15,14 @@ from decoders.pairwise import pair_log_probs
 MAX_EXACT_STEPS = 10
 
 
+def check_exact_steps(max_steps: int | None, decoder_key: str, steps_key: str = "data.view.max_steps") -> None:
+    """Refuse, before any training, data whose instances can hold more steps than the exact decoder
+    handles (``max_steps`` None: unbounded)."""
+    if max_steps is None or int(max_steps) > MAX_EXACT_STEPS:
+        raise ValueError(f"{decoder_key}=exact handles at most {MAX_EXACT_STEPS} steps but {steps_key}={max_steps} "
+                         f"lets instances hold more: lower {steps_key} or use the beam, greedy or topological decoder")
+
+
 def exact_order_single(lp: np.ndarray) -> list[int]:
     """The best order for one instance given ``lp[i, j] = log P(i before j)`` (n x n)."""
     n = lp.shape[0]

@@ -367,3 +367,44 @@ def test_validator_reports_an_empty_file_and_a_file_given_twice(data):
                         "train and evaluation data must be distinct files")
     assert f"{empty}: file: holds no procedures (an empty split)" in lines
     assert f"{train}:1: p1: id: duplicate id (first seen at {train}:1)" in lines
+
+
+# ---------------------------------------------------------------- config errors before the first training step
+@pytest.mark.parametrize("overrides, match", [
+    (["experiment=berson_finetune", "model.pair_encoding=joint", "model.joint_max_tokens=6"],
+     r"model.joint_max_tokens=6: step \d+ of procedure '.*' \(train split\) packs to \d+ tokens and a window holds 5"),
+    (["experiment=berson_finetune", "model.decoding=exact", "data.view.max_steps=12"],
+     r"model.decoding=exact handles at most 10 steps but data.view.max_steps=12"),
+    (["experiment=order_baseline", "model.decoder=exact", "data.view.max_steps=11"],
+     r"model.decoder=exact handles at most 10 steps but data.view.max_steps=11"),
+], ids=["joint_max_tokens", "berson_exact", "baseline_exact"])
+def test_config_errors_stop_before_the_first_step_naming_the_key(compose_train, monkeypatch, overrides, match):
+    """Settings the data cannot honour are refused when the fit starts, not after a batch (or after training,
+    with no test metrics): no training step runs."""
+    import train
+    from conftest import TINY_BERT
+
+    tiny = [f"model.encoder.config={TINY_BERT}", "data.collator.image_size=64"] if "berson" in overrides[0] else []
+    cfg = compose_train(*overrides, *tiny, "trainer.max_steps=2")
+    datamodule, model, trainer = train.build(cfg)
+    monkeypatch.setattr(type(model), "training_step", lambda *a, **k: pytest.fail("a training step ran"))
+    with pytest.raises(ValueError, match=match):
+        trainer.fit(model, datamodule=datamodule)
+
+
+def test_joint_windows_respect_mpnet_positions_after_its_padding_index():
+    """MPNet numbers positions from its padding index + 1, as RoBERTa does: a window never asks for a position
+    past its table (a 40-position model holds 38 tokens)."""
+    import torch
+
+    from seqaware.encoders import create_encoder
+    from seqaware.encoders.steps import encode_steps, position_limit
+    from test_berson import _batch
+    from test_encoders import TINY_MPNET_CFG
+
+    enc = create_encoder("text", config=dict(TINY_MPNET_CFG, max_position_embeddings=40), tokenizer="offline:minilm").eval()
+    assert position_limit(enc) == 38
+    batch = _batch("text", (5, 3), ragged=True)
+    with torch.no_grad():
+        states = encode_steps(enc, batch, 512)       # longer than 38 tokens in all: windows of whole steps
+    assert torch.isfinite(states).all()

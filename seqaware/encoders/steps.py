@@ -114,9 +114,10 @@ def position_limit(encoder: SequenceEncoder) -> int:
     the text positions, which with ``visual_positions: sequence`` also number the visual tokens."""
     if hasattr(encoder, "max_positions"):          # SingleStreamEncoder
         return int(encoder.max_positions) - int(getattr(encoder, "position_offset", 0))
-    config = encoder.backbone.config                # TextEncoder: RoBERTa's positions start after padding
-    offset = int(config.pad_token_id) + 1 if "roberta" in str(config.model_type) else 0
-    return int(config.max_position_embeddings) - offset
+    # TextEncoder: RoBERTa's and MPNet's positions start after the padding index (their embeddings keep it)
+    embeddings = encoder.backbone.embeddings
+    offset = int(embeddings.padding_idx) + 1 if hasattr(embeddings, "padding_idx") else 0
+    return int(encoder.backbone.config.max_position_embeddings) - offset
 
 
 def alternating_segments(text_step: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

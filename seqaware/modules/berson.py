@@ -40,9 +40,10 @@ from hydra.utils import instantiate
 from torch.utils.checkpoint import checkpoint
 
 from decoders import PAIRWISE_DECODERS
+from decoders.exact import check_exact_steps
 from decoders.berson import BersonDecoder, BersonState, pair_index, take_steps
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
-from seqaware.encoders.steps import SEGMENTS, PairStates, encode_steps
+from seqaware.encoders.steps import SEGMENTS, PairStates, encode_steps, position_limit
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
 from seqaware.modules.sequencing import pairwise_targets, reference_targets
 
@@ -141,6 +142,34 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         self.multi_reference_targets = bool(multi_reference_targets)
         self.test_views = int(test_views)
         self._init_eval(reference_selection)
+
+    def setup(self, stage: str) -> None:
+        """Before the first step: data whose instances the configured decoder cannot decode is refused."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.decoding == "exact" and hasattr(dm, "view_kwargs"):
+            check_exact_steps(dm.view_kwargs.get("max_steps", 5), "model.decoding")
+        if self.pair_encoding == "joint" and self.encoder.uses_text and hasattr(dm, "datasets"):
+            self._check_joint_budget(dm)
+
+    def _check_joint_budget(self, dm) -> None:
+        """Every step's text must fit one joint window (``model.joint_max_tokens``, the encoder's positions):
+        checked on the data before the first step, not when the batch that holds the step comes.  Free when
+        the collator's per-step cap fits; otherwise every step of every split is measured once."""
+        budget = min(self.joint_max_tokens, position_limit(self.encoder)) - 1   # the window's [CLS] takes one
+        collator = dm.collator
+        if collator.tokens is None or collator.max_tokens - 1 <= budget:
+            return
+        for split, view in dm.datasets.items():
+            for proc in getattr(view, "procedures", ()):
+                steps = proc.steps[: getattr(view, "max_steps", len(proc.steps))]
+                ids = collator.tokens.ids([s.text or "" for s in steps], collator.max_tokens, collator.max_sentences)
+                for k, x in enumerate(ids):
+                    if len(x) - 1 > budget:
+                        raise ValueError(
+                            f"model.joint_max_tokens={self.joint_max_tokens}: step {k} of procedure {proc.id!r} ({split} "
+                            f"split) packs to {len(x) - 1} tokens and a window holds {budget} after its [CLS] (the "
+                            f"encoder's positions allow {position_limit(self.encoder)}): raise model.joint_max_tokens "
+                            f"or lower data.collator.max_tokens (now {collator.max_tokens})")
 
     def param_groups(self) -> list[dict]:
         enc = [p for p in self.encoder.parameters() if p.requires_grad]

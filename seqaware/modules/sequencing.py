@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from decoders.exact import check_exact_steps
 from decoders.pairwise import decode_pairwise
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_mean
 
@@ -82,6 +83,8 @@ class PairwiseSequencingModule(OrderingEvalMixin, SeqawareModule):
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.decoder == "exact" and hasattr(dm, "view_kwargs"):
+            check_exact_steps(dm.view_kwargs.get("max_steps", 5), "model.decoder")
         vocab = getattr(dm, "vocab_size", None)
         text = getattr(self.net, "text", None)
         if vocab is not None and text is not None and vocab > text.embed.num_embeddings:
