@@ -21,11 +21,18 @@ from pytorch_lightning.plugins.io import TorchCheckpointIO
 from seqaware.io import atomic_open
 
 OWN_PACKAGES: tuple[str, ...] = ("seqaware", "decoders", "data_modules")
-"""Packages whose *classes* a checkpoint may build (the project's modules, models, encoders, decoders)."""
+"""Packages whose *classes* a checkpoint may build, when they are ``torch.nn.Module`` subclasses: the project's
+Lightning modules, models, encoders, heads, objectives and decoders -- what a module's hyper-parameters hold.
+A class that acts on files when built (``seqaware.vlm.runner.OutputCache`` truncates its file,
+``data_modules.adapters.common.ImageStore`` creates its folder) is no module and is refused."""
 
 LIBRARY_CLASS_PACKAGES: tuple[str, ...] = ("torch.optim",)
 """Library packages whose classes a checkpoint may build: torch's optimisers and ``torch.optim.lr_scheduler``
-(what ``model.optimizer`` / ``model.scheduler`` name)."""
+(what ``model.optimizer`` / ``model.scheduler`` name), subclasses of :data:`LIBRARY_CLASS_BASES` only."""
+
+
+def _library_class_bases() -> tuple[type, ...]:
+    return (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
 
 ALLOWED_FUNCTIONS: frozenset[str] = frozenset({
     # the encoder factory every module's ``encoder`` / ``net.encoder`` config names (builds a registered
@@ -96,8 +103,15 @@ def target_refusal(target: Any) -> str | None:
         return str(err)
     module = getattr(obj, "__module__", None) or ""
     if inspect.isclass(obj):
-        if _in_package(module, OWN_PACKAGES) or _in_package(module, LIBRARY_CLASS_PACKAGES):
-            return None
+        if _in_package(module, OWN_PACKAGES):
+            if issubclass(obj, torch.nn.Module):
+                return None
+            return (f"it names the class {_defined_name(obj)}, which is not a torch.nn.Module (a checkpoint builds the "
+                    "project's modules, models, encoders, heads, objectives and decoders only)")
+        if _in_package(module, LIBRARY_CLASS_PACKAGES):
+            if issubclass(obj, _library_class_bases()):
+                return None
+            return f"it names the class {_defined_name(obj)}, which is neither a torch optimiser nor a learning-rate scheduler"
         return f"it names the class {_defined_name(obj)}, which is not defined in {', '.join(OWN_PACKAGES + LIBRARY_CLASS_PACKAGES)}"
     if callable(obj) and _defined_name(obj) in ALLOWED_FUNCTIONS:
         return None
@@ -110,9 +124,10 @@ def check_targets(hparams: Any, source: str | os.PathLike = "<hyper-parameters>"
 
     Each target is resolved to the object it names (:func:`resolve_target`, nothing called) and allowed when it is
 
-    * a class defined in the project's packages (:data:`OWN_PACKAGES`) or in :data:`LIBRARY_CLASS_PACKAGES`
-      (torch's optimisers and schedulers), judged by the class's own ``__module__``: a name reached
-      through another module (``seqaware.checkpoint_io.torch.load``) is judged by what it is;
+    * a ``torch.nn.Module`` class defined in the project's packages (:data:`OWN_PACKAGES`), or an optimiser or
+      learning-rate scheduler class of :data:`LIBRARY_CLASS_PACKAGES`, judged by the class's own
+      ``__module__``: a name reached through another module (``seqaware.checkpoint_io.torch.load``) is judged
+      by what it is;
     * or one of the factory functions of :data:`ALLOWED_FUNCTIONS`, by their defining module and name.
 
     Everything else -- any other function (``seqaware.io.write_jsonl``, ``torch.load``), a method, a
@@ -124,7 +139,8 @@ def check_targets(hparams: Any, source: str | os.PathLike = "<hyper-parameters>"
             name = target if isinstance(target, str) else repr(target)
             raise UnsafeCheckpointError(
                 f"{source}: refusing to build {name} (hyper-parameter '{where}._target_'): {reason}. A checkpoint may "
-                f"only build classes of {', '.join(OWN_PACKAGES)} and {', '.join(LIBRARY_CLASS_PACKAGES)}, and the "
+                f"only build torch.nn.Module classes of {', '.join(OWN_PACKAGES)}, optimisers and schedulers of "
+                f"{', '.join(LIBRARY_CLASS_PACKAGES)}, and the "
                 f"factories listed in seqaware.checkpoint_io.ALLOWED_FUNCTIONS; nothing was built. If you trust this "
                 f"file, build the module from your config and load its state_dict instead of load_from_checkpoint.")
 

@@ -95,6 +95,28 @@ def test_a_plain_function_of_the_project_is_refused(tmp_path):
     assert not out.exists(), "load_from_checkpoint called seqaware.io.write_jsonl"
 
 
+@pytest.mark.parametrize("route", ["load_from_checkpoint", "resume"])
+def test_project_classes_that_act_on_files_are_refused_before_construction(tmp_path, route):
+    """Classes of the project that are no torch.nn.Module are not what hyper-parameters hold: OutputCache
+    truncates its file after the last newline when built (a one-line token file without a trailing newline is
+    emptied), ImageStore creates its folder.  Both routes that read a checkpoint refuse them first, naming the key."""
+    from seqaware.modules.sequencing import PairwiseSequencingModule
+
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("a precious line without a newline")
+    folder = tmp_path / "made_by_a_checkpoint"
+    for target, kwargs in (("seqaware.vlm.runner.OutputCache", {"path": str(tokens)}),
+                           ("data_modules.adapters.common.ImageStore", {"out_images": str(folder)})):
+        path = _checkpoint_with_net(tmp_path, {"_target_": target, **kwargs})
+        with pytest.raises(UnsafeCheckpointError, match=rf"{re.escape(target)} \(hyper-parameter 'net\._target_'\).*"
+                                                        r"not a torch\.nn\.Module"):
+            if route == "resume":
+                AtomicCheckpointIO().load_checkpoint(path)
+            else:
+                PairwiseSequencingModule.load_from_checkpoint(path)
+    assert tokens.read_text() == "a precious line without a newline" and not folder.exists()
+
+
 @pytest.mark.parametrize("target", [
     "torch.load", "torch.hub.load", "torch.optimizer_hack", "subprocess.Popen", "builtins.open", "os.system",
     "transformers.AutoModel.from_pretrained", "pytorch_lightning.Trainer_x", "pytorch_lightning.Trainer",
@@ -105,6 +127,9 @@ def test_a_plain_function_of_the_project_is_refused(tmp_path):
     "seqaware.runs.write_state",
     "seqaware.modules.base.nn.Linear",           # a torch class outside torch.optim
     "torch.nn.Linear", "torch.optim.AdamW.step",  # a method of an allowed class
+    "seqaware.vlm.runner.OutputCache", "data_modules.adapters.common.ImageStore",  # project classes, no modules
+    "seqaware.metrics.ordering.np.random.Generator",
+    "torch.optim.swa_utils.AveragedModel",       # a torch.optim class that is no optimiser or scheduler
     "hydra.utils.get_class", "seqaware.no_such_module.Thing", "seqaware..io", "",
 ])
 def test_targets_outside_the_rule_are_refused(target):
