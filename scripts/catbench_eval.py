@@ -33,6 +33,11 @@ direct dependency (an edge of the transitive reduction: what MATEO-style trainin
 ``before``), "r-FG path" when any path joins the steps.  They show how far labels built from r-FG
 agree with CaT-Bench's gold; a question whose recipe is not in DIR, or whose step count differs,
 gets no answer (counted as unparsable).
+``--yes-share S`` adds a second table: every row re-weighted so that "yes" questions weigh a share ``S`` of
+the total (:func:`seqaware.metrics.classification.share_weights`), e.g. ``0.459`` for the questions of the
+44 published test plans outside the 13 sample plans, to forecast a sample's scores on a set with another
+mix of answers (twin consistency is left out: it does not depend on the mix).
+
 Answers to questions that are not in ``--questions`` are ignored (counted on stderr); a question
 without an answer counts as unparsable.  A line that is not a JSON object or lacks the id or
 answer fields stops the script with ``file:line: field: reason``.
@@ -51,7 +56,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from data_modules.adapters.catbench import question_id, read_catbench  # noqa: E402
-from seqaware.metrics.classification import binary_rows, format_table, twin_consistency  # noqa: E402
+from seqaware.metrics.classification import binary_report, binary_rows, format_table, share_weights, twin_consistency  # noqa: E402
 
 COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R yes"), ("f1", "dependent F1"),
            ("macro_f1", "macro F1"), ("twin_consistency", "twin consistency"), ("invalid_rate", "invalid"), ("n", "n"))
@@ -137,6 +142,17 @@ def score(questions: list[dict[str, Any]], systems: dict[str, dict[str, Optional
     return rows
 
 
+def reweighted(questions: list[dict[str, Any]], systems: dict[str, dict[str, Optional[str]]],
+               yes_share: float) -> dict[str, dict[str, Any]]:
+    """The rows of :func:`score` (without twin consistency) with "yes" questions weighing ``yes_share``."""
+    gold = [q["answer"] for q in questions]
+    weights = share_weights(gold, yes_share)
+    ids = [q["pair_id"] for q in questions]
+    given = {"always yes": ["yes"] * len(gold), "always no": ["no"] * len(gold),
+             **{name: [answers.get(i) for i in ids] for name, answers in systems.items()}}
+    return {name: binary_report(gold, pred, weights=weights) for name, pred in given.items()}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +165,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--answer-field", default="answer", help="field holding the yes/no answer (default: answer)")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--yes-share", type=float, default=None, metavar="S",
+                        help="also print every row re-weighted so that 'yes' questions weigh a share S (0 < S < 1)")
     args = parser.parse_args(argv)
 
     specs = []
@@ -174,6 +192,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         systems.update(rfg_answers(questions, args.rfg))
     rows = score(questions, systems)
     table = format_table(rows, COLUMNS)
+    if args.yes_share is not None:
+        share = reweighted(questions, systems, args.yes_share)
+        table += (f"\n\nRe-weighted so that 'yes' questions weigh {100 * args.yes_share:.1f}%:\n\n"
+                  + format_table(share, [c for c in COLUMNS if c[0] not in ("twin_consistency", "n")]))
+        rows = {"rows": rows, f"yes_share_{args.yes_share}": share}
     print(table)
     if args.out:
         args.out.write_text(table + "\n", encoding="utf-8")

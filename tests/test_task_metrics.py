@@ -143,6 +143,34 @@ def test_binary_report_matches_sklearn(seed):
     assert "majority (no)" in binary_table(rows)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_weighted_binary_report_matches_sklearn_sample_weights_and_repetition(seed):
+    """Weights are sklearn's sample_weight; integer weights equal repeating the items; share_weights moves the
+    weighted share of "yes" to the one asked for."""
+    from sklearn.metrics import precision_recall_fscore_support
+
+    from seqaware.metrics.classification import share_weights
+
+    rng = np.random.default_rng(seed)
+    gold = list(rng.choice(["yes", "no"], size=60, p=[0.6, 0.4]))
+    pred = list(rng.choice(["yes", "no", "unsure"], size=60, p=[0.5, 0.4, 0.1]))
+    weights = list(rng.integers(1, 4, size=60))
+    report = binary_report(gold, pred, weights=weights)
+    p, r, f, _ = precision_recall_fscore_support(gold, pred, labels=["yes", "no"], sample_weight=weights, zero_division=0)
+    assert (report["precision"], report["recall"], report["f1"], report["f1_no"]) == pytest.approx((p[0], r[0], f[0], f[1]))
+    assert report["macro_f1"] == pytest.approx(f.mean())
+    assert report["accuracy"] == pytest.approx(accuracy_score(gold, pred, sample_weight=weights))
+    repeated = binary_report([g for g, w in zip(gold, weights) for _ in range(w)], [x for x, w in zip(pred, weights) for _ in range(w)])
+    assert {k: v for k, v in report.items() if k != "n"} == pytest.approx({k: v for k, v in repeated.items() if k != "n"})
+    shares = share_weights(gold, 0.459)
+    assert sum(w for g, w in zip(gold, shares) if g == "yes") / sum(shares) == pytest.approx(0.459)
+    assert sum(shares) == pytest.approx(len(gold))
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\)"):
+        share_weights(gold, 1.0)
+    with pytest.raises(ValueError, match="needs both 'yes' and other gold labels"):
+        share_weights(["yes", "yes"], 0.5)
+
+
 # ---------------------------------------------------------------- TEO
 def test_teo_consistency_hand_example():
     procs = [_procedure("p", 3, dag=[(0, 1), (0, 2)]), _procedure("q", 3, dag=[(0, 2)])]

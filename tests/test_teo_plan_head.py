@@ -249,6 +249,16 @@ def test_catbench_eval_script_scores_answer_files(tmp_path, capsys):
     assert table["GPT-4"]["twin_consistency"] == pytest.approx(1 / 3)  # (1, 2) yes / no; (0, 1) unanswered
     assert table["always yes"]["f1"] == pytest.approx(f1_score(gold, ["yes"] * 6, pos_label="yes"))
     assert "1 questions without an answer" in capsys.readouterr().err
+    # --yes-share: every row again with "yes" questions weighing 0.25 of the total
+    assert main(["--questions", str(path), "--answers", f"ours={tmp_path / 'ours.jsonl'}", "--yes-share", "0.25",
+                 "--json", str(out)]) == 0
+    shared = json.loads(out.read_text())["yes_share_0.25"]
+    p_yes = gold.count("yes") / len(gold)
+    weights = [0.25 / p_yes if g == "yes" else 0.75 / (1 - p_yes) for g in gold]
+    assert shared["ours"]["accuracy"] == pytest.approx(accuracy_score(gold, ["yes", "yes", "yes", "no", "no", "no"],
+                                                                      sample_weight=weights))
+    assert shared["always no"]["accuracy"] == pytest.approx(0.75)
+    assert "Re-weighted so that 'yes' questions weigh 25.0%" in capsys.readouterr().out
 
 
 def test_catbench_eval_script_names_bad_lines(tmp_path):

@@ -126,7 +126,7 @@ PRESET_EXTRA = {"wu2022": ["data.collator.image_size=128"],
                 # MiniLM's real weights under the name of the closure head's extra feature set
                 # (test_base_presets_with_the_real_mpnet runs them on the real weights where installed)
                 "roc_base": [f"model.encoder.config={TINY_MPNET}", "backbones.tokenizer=offline:minilm"],
-                "catbench_base": ["model.extra_features.mpnet=offline:minilm"]}
+                "catbench_base": ["model.extra_features.mpnet=offline:minilm", "data.rfg_path=null"]}
 # Both precisions, forced: CI may run on a CPU without fast bf16, where auto_precision (berson_*, teo_head_*)
 # picks 32-true and a bf16-only failure (fused AdamW + clipping under bf16-mixed, hparams=wu2022) would
 # pass unseen; bf16 autocast runs on any x86 CPU, only slower. Precision-free params: the fast loop keeps
@@ -181,6 +181,7 @@ def test_fast_dev_run_every_experiment_preset_and_precision(compose_train, exper
 @pytest.mark.parametrize("experiment, preset, overrides", [
     ("berson_roc", "roc_base", ["data.source.max_stories=40", "data.eval_batch_size=8", "model.beam_size=2"]),
     ("teo_plan_head_catbench", "catbench_base", ["model.members=1", "data.cv_folds=2", "data.eval_batch_size=32",
+                                                 "data.rfg_path=null",
                                                  "trainer.max_epochs=3",
                                                  "model.cv_grid=[{features: encoder},{features: mpnet},{features: encoder+mpnet}]"]),
 ], ids=["roc_base", "catbench_base"])

@@ -21,21 +21,26 @@ DEP/NONDEP), :mod:`seqaware.metrics.teo` (TEO consistency and per-class F1),
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Optional, Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
 
 # ---------------------------------------------------------------- per-class scores, baselines, tables
-def per_class_prf(gold: Sequence[Hashable], pred: Sequence[Hashable], labels: Sequence[Hashable]) -> dict[Hashable, dict[str, float]]:
-    """Precision, recall, F1 and support of each label (0.0 where a ratio is undefined)."""
+def per_class_prf(gold: Sequence[Hashable], pred: Sequence[Hashable], labels: Sequence[Hashable],
+                  weights: Optional[Sequence[float]] = None) -> dict[Hashable, dict[str, float]]:
+    """Precision, recall, F1 and support of each label (0.0 where a ratio is undefined); ``weights``: one per
+    item, counts become weighted sums (sklearn's ``sample_weight``)."""
     if len(gold) != len(pred):
         raise ValueError(f"gold and pred differ in length: {len(gold)} vs {len(pred)}")
+    w = [1] * len(gold) if weights is None else list(weights)
+    if len(w) != len(gold):
+        raise ValueError(f"weights and gold differ in length: {len(w)} vs {len(gold)}")
     out = {}
     for label in labels:
-        tp = sum(1 for g, p in zip(gold, pred) if g == label and p == label)
-        predicted = sum(1 for p in pred if p == label)
-        support = sum(1 for g in gold if g == label)
+        tp = sum(x for g, p, x in zip(gold, pred, w) if g == label and p == label)
+        predicted = sum(x for p, x in zip(pred, w) if p == label)
+        support = sum(x for g, x in zip(gold, w) if g == label)
         precision = tp / predicted if predicted else 0.0
         recall = tp / support if support else 0.0
         f1 = 2 * tp / (predicted + support) if predicted + support else 0.0
@@ -43,21 +48,25 @@ def per_class_prf(gold: Sequence[Hashable], pred: Sequence[Hashable], labels: Se
     return out
 
 
-def classification_report(gold: Sequence[Hashable], pred: Sequence[Hashable], labels: Sequence[Hashable]) -> dict[str, Any]:
+def classification_report(gold: Sequence[Hashable], pred: Sequence[Hashable], labels: Sequence[Hashable],
+                          weights: Optional[Sequence[float]] = None) -> dict[str, Any]:
     """Accuracy, invalid rate, per-class and macro precision/recall/F1 over ``labels``.
 
     Keys: ``accuracy``, ``invalid_rate``, ``n``, ``precision_<label>``, ``recall_<label>``,
     ``f1_<label>``, ``support_<label>``, ``macro_precision``, ``macro_recall``, ``macro_f1``
     (unweighted means over ``labels``, sklearn ``average="macro"``) and ``weighted_precision``,
     ``weighted_recall``, ``weighted_f1`` (means weighted by gold support, sklearn
-    ``average="weighted"``; 0.0 when no gold label is in ``labels``).
+    ``average="weighted"``; 0.0 when no gold label is in ``labels``).  ``weights`` (one per item): every
+    count is a weighted sum (``n`` stays the number of items).
     """
-    prf = per_class_prf(gold, pred, labels)
+    prf = per_class_prf(gold, pred, labels, weights)
     n = len(gold)
+    w = [1] * n if weights is None else list(weights)
+    total_w = sum(w)
     report: dict[str, Any] = {
         "n": n,
-        "accuracy": sum(g == p for g, p in zip(gold, pred)) / n if n else 0.0,
-        "invalid_rate": sum(p not in labels for p in pred) / n if n else 0.0,
+        "accuracy": sum(x for g, p, x in zip(gold, pred, w) if g == p) / total_w if total_w else 0.0,
+        "invalid_rate": sum(x for p, x in zip(pred, w) if p not in labels) / total_w if total_w else 0.0,
     }
     for label, scores in prf.items():
         for name, value in scores.items():
@@ -125,7 +134,8 @@ BINARY_COLUMNS = (("accuracy", "Acc"), ("precision", "P"), ("recall", "R"), ("f1
                   ("macro_f1", "macro F1"), ("invalid_rate", "invalid"))
 
 
-def binary_report(gold, pred, positive: str = "yes", negative: str = "no") -> dict[str, Any]:
+def binary_report(gold, pred, positive: str = "yes", negative: str = "no",
+                  weights: Optional[Sequence[float]] = None) -> dict[str, Any]:
     """Accuracy and F1 for yes/no questions (CaT-Bench style).
 
     Besides the per-class keys of :func:`classification_report` (for ``positive`` and
@@ -133,10 +143,22 @@ def binary_report(gold, pred, positive: str = "yes", negative: str = "no") -> di
     Answers are compared as given (normalise case/whitespace before calling).
     """
     gold, pred = align_labels(gold, pred)
-    report = classification_report(gold, pred, (positive, negative))
+    report = classification_report(gold, pred, (positive, negative), weights)
     for name in ("precision", "recall", "f1"):
         report[name] = report[f"{name}_{positive}"]
     return report
+
+
+def share_weights(gold: Sequence[Hashable], share: float, positive: str = "yes") -> list[float]:
+    """Per-item weights that make ``positive`` a ``share`` of the weighted gold labels (the rest keep their
+    proportions): ``share / p`` for positives and ``(1 - share) / (1 - p)`` for the others, ``p`` the actual
+    share; weighted counts still sum to ``len(gold)``.  To forecast scores on a set with another label mix."""
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"the share of {positive!r} must be in (0, 1), got {share!r}")
+    p = sum(g == positive for g in gold) / len(gold) if gold else 0.0
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"re-weighting needs both {positive!r} and other gold labels, got a {positive!r} share of {p}")
+    return [share / p if g == positive else (1 - share) / (1 - p) for g in gold]
 
 
 def binary_baselines(gold, positive: str = "yes", negative: str = "no") -> dict[str, dict[str, Any]]:
