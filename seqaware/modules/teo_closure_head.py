@@ -518,13 +518,16 @@ class TeoClosureHeadModule(SeqawareModule):
         return [torch.cat([self._cache[(name, key)] for name in features.split("+")], -1).to(self.device)
                 for key in keys]
 
-    def _all_training_plans(self, features: Optional[str] = None) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
-        """The data module's training plans and their step features ``features`` (encoded once)."""
+    def _all_training_plans(self, *features: str) -> tuple[list[dict[str, Any]], dict[str, list[torch.Tensor]]]:
+        """The data module's training plans and, for each of ``features``, their step features (the plans
+        collated once, each feature set encoded once)."""
         dm = self.trainer.datamodule
         items = dm.items["train"]
-        embeddings: list[torch.Tensor] = []
+        embeddings: dict[str, list[torch.Tensor]] = {f: [] for f in features}
         for start in range(0, len(items), 32):
-            embeddings += self.embed(dm.collator(items[start:start + 32]), features)
+            batch = dm.collator(items[start:start + 32])
+            for f in embeddings:
+                embeddings[f] += self.embed(batch, f)
         return items, embeddings
 
     # ------------------------------------------------------------ training
@@ -562,13 +565,14 @@ class TeoClosureHeadModule(SeqawareModule):
         (a fit resumed from a checkpoint keeps the setting that checkpoint chose)."""
         if stage != "fit" or self.trainer is None:
             return
-        plans, embeddings = self._all_training_plans(self.hparams.features)
+        # the baseline's features and every grid setting's, encoded before the heads' thread limit applies
+        cross_validate = bool(self.hparams.cv_grid) and not self.trainer.ckpt_path
+        grid = [s.get("features", self.hparams.features) for s in self.hparams.cv_grid] if cross_validate else []
+        plans, features = self._all_training_plans(*dict.fromkeys([self.hparams.features, *grid]))
+        embeddings = features[self.hparams.features]
         if self.hparams.logistic_baseline:
             self.baseline = fit_baseline([e.cpu().numpy() for e in embeddings], plans, self.hparams.baseline_C)
-        if self.hparams.cv_grid and not self.trainer.ckpt_path:
-            # every grid setting's features, encoded before the heads' thread limit applies
-            features = {s.get("features", self.hparams.features): None for s in self.hparams.cv_grid}
-            features = {f: self._all_training_plans(f)[1] for f in features}
+        if cross_validate:
             with cpu_threads(self.hparams.head_threads):
                 self._cross_validate(plans, embeddings, features)
 
@@ -686,7 +690,8 @@ class TeoClosureHeadModule(SeqawareModule):
     def on_test_epoch_start(self) -> None:
         self._eval_records = []
         if self.hparams.logistic_baseline and self.baseline is None:  # tested from a checkpoint: refit (deterministic)
-            plans, embeddings = self._all_training_plans(self.hparams.features)
+            plans, features = self._all_training_plans(self.hparams.features)
+            embeddings = features[self.hparams.features]
             self.baseline = fit_baseline([e.cpu().numpy() for e in embeddings], plans, self.hparams.baseline_C)
 
     @torch.no_grad()
