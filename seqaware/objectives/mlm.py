@@ -172,5 +172,5 @@ class MaskedLanguageModeling(Objective):
         where = labels != IGNORE_INDEX
         logits = self.lm_head(outputs.text_states[where])  # only the masked positions (maybe none)
         gold = labels[where]
-        return Outcomes(loss=F.cross_entropy(logits, gold, reduction="none"), correct=logits.argmax(-1) == gold,
+        return Outcomes(loss=F.cross_entropy(logits.float(), gold, reduction="none"), correct=logits.argmax(-1) == gold,
                         sample=where.nonzero()[:, 0])

@@ -269,10 +269,11 @@ class SequentialMaskedRegionModeling(Objective):
 
         scores = self.score(queries, bank, group).masked_fill(~valid[group], float("-inf"))
         N, C = scores.shape
-        noise = torch.rand((N, C), generator=generator, device=generator.device if generator else None)
+        noise = torch.rand((N, C), generator=generator, device=generator.device if generator else None,
+                           dtype=torch.float32)
         perm = noise.to(scores.device).argsort(dim=1)  # shuffled column c holds candidate perm[:, c]
         scores = scores.gather(1, perm)
         gold = perm.argsort(dim=1).gather(1, gold[:, None]).squeeze(1)
         candidates = valid[group].sum(1).float()
-        return Outcomes(loss=F.cross_entropy(scores, gold, reduction="none"), correct=scores.argmax(-1) == gold,
+        return Outcomes(loss=F.cross_entropy(scores.float(), gold, reduction="none"), correct=scores.argmax(-1) == gold,
                         sample=sample_of, extras={"num_candidates": candidates, "chance": 1.0 / candidates})
