@@ -75,16 +75,18 @@ class BoxRegionFeatures(nn.Module):
         if boxes.dim() != 3 or boxes.shape[0] != N or boxes.shape[-1] != 4:
             raise ValueError(f"boxes must be (N={N}, R, 4), got {tuple(boxes.shape)}")
         R = boxes.shape[1]
-        scale = torch.tensor([w, h, w, h], dtype=grid.dtype, device=grid.device)
-        pix = boxes.to(grid.dtype) * scale
+        # boxes and the image index in float32 whatever the grid's dtype (bfloat16 holds integers exactly only
+        # up to 256); roi_align in float32, as torchvision's autocast runs it (its CPU kernel has no bfloat16)
+        scale = torch.tensor([w, h, w, h], dtype=torch.float32, device=grid.device)
+        pix = boxes.float() * scale
         # grow boxes smaller than min_cells around their centre
         centre = (pix[..., :2] + pix[..., 2:]) / 2
         half = ((pix[..., 2:] - pix[..., :2]).clamp(min=self.min_cells)) / 2
         pix = torch.cat([centre - half, centre + half], dim=-1)
-        index = torch.arange(N, device=grid.device, dtype=grid.dtype).repeat_interleave(R)[:, None]
+        index = torch.arange(N, device=grid.device, dtype=torch.float32).repeat_interleave(R)[:, None]
         rois = torch.cat([index, pix.reshape(N * R, 4)], dim=1)
-        pooled = roi_align(grid, rois, output_size=self.output_size, spatial_scale=1.0,
-                           sampling_ratio=self.sampling_ratio, aligned=self.aligned)  # (N*R, C, o, o)
+        pooled = roi_align(grid.float(), rois, output_size=self.output_size, spatial_scale=1.0,
+                           sampling_ratio=self.sampling_ratio, aligned=self.aligned).to(grid.dtype)  # (N*R, C, o, o)
         regions = pooled.mean(dim=(2, 3)).view(N, R, C)
         return with_whole_image(regions, grid.mean(dim=(2, 3)), boxes.to(grid.dtype), box_mask)
 

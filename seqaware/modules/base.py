@@ -116,18 +116,25 @@ class SeqawareModule(pl.LightningModule):
     ``ckpt_path=`` resumes exactly and every checkpoint's weights are float32.
     """
 
+    #: whether the whole training step runs in the parameters' dtype, so ``trainer.precision=bf16-true`` works;
+    #: modules whose code computes parts in float32 (written for autocast) refuse it with a clear error
+    half_precision_ready: bool = False
     master_weights: Optional[MasterWeights] = None
     _master_sources: Optional[dict[int, torch.Tensor]] = None
     _frozen_sources: Optional[dict[str, torch.Tensor]] = None
 
     def _half_precision(self) -> bool:
-        trainer = self._trainer
-        return trainer is not None and isinstance(trainer.precision_plugin, HalfPrecision)
+        return isinstance(getattr(self._trainer, "precision_plugin", None), HalfPrecision)
 
     def configure_model(self) -> None:
         """Under a half-precision plugin, keep views of the float32 parameters before Lightning
         restores a checkpoint into them and converts the module: :meth:`configure_optimizers` starts the
         master weights from them (a checkpoint's float32 values arrive in the same storage)."""
+        if self._half_precision() and not self.half_precision_ready:
+            precision = self.trainer.precision_plugin.precision
+            raise ValueError(f"trainer.precision={precision}: {type(self).__name__} computes parts of its step in "
+                             "float32 and trains under autocast only; use trainer.precision=bf16-mixed "
+                             "(bf16-true: the pretraining, TEO encoder-head and TEO LoRA experiments)")
         if self._half_precision() and self.trainer.state.fn == "fit":
             self._master_sources = {id(p): p.detach() for p in self.parameters()
                                     if p.requires_grad and p.dtype == torch.float32}

@@ -153,6 +153,8 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
     (``loss_count``) and how its targets are laid out (``target_layout``).
     """
 
+    half_precision_ready = True  # trainer.precision=bf16-true (float32 master weights): tests/test_master_weights.py
+
     def __init__(self, encoder: dict, optimizer: dict, objectives: Optional[dict] = None,
                  scheduler: Optional[dict] = None, visual: Optional[dict] = None, schedule_seed: int = 0,
                  generator_scope: str = "rank", loss_normalization: str = "global", tie_lm_head: Optional[bool] = None,

@@ -42,6 +42,8 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
     with ``trainable: false``; nothing else (every Dropout of the encoder and the head trains).
     """
 
+    half_precision_ready = True  # trainer.precision=bf16-true (float32 master weights): tests/test_master_weights.py
+
     def __init__(self, encoder: dict, optimizer: dict, scheduler: Optional[dict] = None, dropout: float = 0.1,
                  head_lr: Optional[float] = None):
         super().__init__()

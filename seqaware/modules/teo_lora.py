@@ -76,6 +76,8 @@ class TeoLoraModule(SeqawareModule):
     ``from_pretrained`` (which returns it in eval mode).
     """
 
+    half_precision_ready = True  # trainer.precision=bf16-true (float32 master weights): tests/test_master_weights.py
+
     def __init__(self, name_or_path: str = "tiny", tiny: dict | None = None, init_seed: int = 0, dtype: str = "float32",
                  attn_implementation: str | None = "sdpa", lora: dict | None = None, gradient_checkpointing: bool = False,
                  strategy: str = "instructions", max_new_tokens: int = 40, adapter_dir: str | None = None,
