@@ -10,6 +10,8 @@ the CPU for what they must not change.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -92,6 +94,10 @@ def _module(**kwargs):
 
 
 def _fit(module, precision: str, max_steps: int = STEPS, ckpt_path=None, callbacks=(), root=None, batches: int = STEPS):
+    if root is None:  # the module writes encoder.pt into the trainer's root folder at fit end
+        import tempfile
+
+        root = tempfile.mkdtemp(prefix="master-weights-")
     losses = _Losses()
     trainer = pl.Trainer(accelerator="cpu", devices=1, precision=precision, max_steps=max_steps, max_epochs=-1,
                          logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -195,6 +201,13 @@ def test_experiments_that_take_bf16_true_fast_dev_run_in_it(compose_train, exper
     metrics = train.run(cfg)
     assert all(f"test/{key}" in metrics for key in keys), sorted(metrics)
     assert all(torch.isfinite(torch.tensor(float(v))) for v in metrics.values()), metrics
+    if experiment == "clipvil_pretrain":
+        # encoder.pt holds float32 weights: the trained ones' masters and the frozen visual tower unrounded
+        state = torch.load(Path(cfg.paths.output_dir) / "encoder.pt", weights_only=True)
+        floats = {k: v for k, v in state.items() if v.is_floating_point()}
+        assert {v.dtype for v in floats.values()} == {torch.float32}
+        frozen = [v for k, v in floats.items() if k.startswith("visual.")]
+        assert frozen and any(not torch.equal(v, v.bfloat16().float()) for v in frozen)
 
 
 def test_modules_written_for_autocast_refuse_bf16_true_naming_the_key(compose_train):

@@ -207,6 +207,7 @@ def test_jobs_run_each_row_and_seed_once_concurrently_with_the_same_tables(tmp_p
 
     monkeypatch.setattr(tables, "run_row", fake_run_row)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     rows = ["clipvil/N", "clipvil/Y", "clipvil/mlm_isp_smrm", "text/N"]
     outputs = []
     for jobs in ("1", "4"):

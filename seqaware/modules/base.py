@@ -23,6 +23,9 @@ from seqaware.metrics.ordering import select_reference
 
 log = logging.getLogger(__name__)
 
+# bytes of frozen float32 weights a half-precision run keeps to write them unrounded into checkpoints
+FROZEN_FP32_LIMIT = 2 ** 30
+
 
 def as_container(cfg: Any) -> Any:
     """A config as plain containers (so checkpoints store plain hyper-parameters): :func:`seqaware.config.to_plain`."""
@@ -138,9 +141,15 @@ class SeqawareModule(pl.LightningModule):
         if self._half_precision() and self.trainer.state.fn == "fit":
             self._master_sources = {id(p): p.detach() for p in self.parameters()
                                     if p.requires_grad and p.dtype == torch.float32}
-            # frozen parameters and buffers: checkpoints keep their float32 values while they do not change
-            self._frozen_sources = {name: t.detach() for name, t in (*self.named_parameters(), *self.named_buffers())
-                                    if t.dtype == torch.float32 and not t.requires_grad}
+            # frozen parameters and buffers: checkpoints keep their float32 values while they do not change (held in
+            # host memory for the run: up to FROZEN_FP32_LIMIT bytes, beyond it they are saved in bfloat16)
+            frozen = {name: t.detach() for name, t in (*self.named_parameters(), *self.named_buffers())
+                      if t.dtype == torch.float32 and not t.requires_grad}
+            size = sum(t.numel() * t.element_size() for t in frozen.values())
+            if size > FROZEN_FP32_LIMIT:
+                log.info("%.1f GB of frozen float32 weights: checkpoints hold their bfloat16 rounding", size / 1e9)
+                frozen = {}
+            self._frozen_sources = frozen
 
     def frozen_modules(self) -> list[nn.Module]:
         """Modules that stay in eval mode while the rest trains (each one itself, not its children:
