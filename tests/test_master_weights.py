@@ -218,3 +218,26 @@ def test_modules_written_for_autocast_refuse_bf16_true_naming_the_key(compose_tr
                         "trainer.precision=bf16-true")
     with pytest.raises(ValueError, match=r"trainer.precision=bf16-true: .*use trainer.precision=bf16-mixed"):
         train.run(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", ["teo_lora_synthetic", "teo_head_synthetic"])
+def test_lora_and_encoder_head_losses_in_bf16_true_follow_bf16_mixed(compose_train, experiment, tmp_path):
+    """The LoRA step (and the TEO encoder head) with the same switch: 4 training steps, the logged losses of
+    bf16-true within bfloat16's rounding of bf16-mixed's."""
+    import csv
+
+    import train
+    from test_train import SMOKE
+
+    losses = {}
+    for precision in ("bf16-mixed", "bf16-true"):
+        out = tmp_path / precision
+        cfg = compose_train(f"experiment={experiment}", *SMOKE[experiment][0], "trainer.max_steps=4",
+                            "trainer.max_epochs=-1", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
+                            "trainer.limit_test_batches=1", f"trainer.precision={precision}", f"paths.output_dir={out}")
+        train.run(cfg)
+        with open(out / "csv" / "metrics.csv") as handle:
+            losses[precision] = [float(r["train/loss"]) for r in csv.DictReader(handle) if r.get("train/loss")]
+    assert len(losses["bf16-true"]) == len(losses["bf16-mixed"]) == 4, losses
+    torch.testing.assert_close(torch.tensor(losses["bf16-true"]), torch.tensor(losses["bf16-mixed"]), rtol=3e-2, atol=1e-2)

@@ -72,7 +72,7 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         logits = self(batch)
-        loss = F.cross_entropy(logits, batch["labels"])
+        loss = F.cross_entropy(logits.float(), batch["labels"])  # float32 under bf16-true too
         n = len(batch["meta"])
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         self.log("train/acc", (logits.argmax(-1) == batch["labels"]).float().mean(), batch_size=n)
