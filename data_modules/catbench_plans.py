@@ -210,7 +210,7 @@ class CatBenchPlansDataModule(pl.LightningDataModule):
             plan["folds"] = [draw[plan["plan_id"]] for draw in draws]
         test: list[dict[str, Any]] = []
         for name, path in [(TRAIN_SET, self.eval_path), *self.extra_eval_paths.items()]:
-            questions = read_catbench(path)
+            questions = read_catbench(path, "data.eval_path" if name == TRAIN_SET else f"data.extra_eval_paths.{name}")
             for plan in labelled_plans(questions, path):
                 check_disjoint(train, [plan], f"data.eval_path / extra_eval_paths ({path})")
                 steps = tuple(plan["steps"])

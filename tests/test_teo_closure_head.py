@@ -224,6 +224,14 @@ def test_an_empty_training_file_names_the_training_key(tmp_path):
         CatBenchPlansDataModule(str(empty), str(held)).setup()
     with pytest.raises(FileNotFoundError, match="data.train_path: no such file"):
         CatBenchPlansDataModule(str(tmp_path / "missing.jsonl"), str(held)).setup()
+    train = write(tmp_path / "train.jsonl", [question(0, 0, 0, 1, "yes", steps=["C.", "D."]),
+                                             question(1, 0, 0, 1, "no", steps=["E.", "F."])])
+    with pytest.raises(FileNotFoundError, match="data.eval_path: no such file"):
+        CatBenchPlansDataModule(str(train), str(tmp_path / "missing.jsonl"), cv_folds=2).setup()
+    # a missing extra evaluation file names its own key, not data.eval_path
+    with pytest.raises(FileNotFoundError, match="data.extra_eval_paths.all_pairs: no such file"):
+        CatBenchPlansDataModule(str(train), str(held), extra_eval_paths={"all_pairs": str(tmp_path / "gone.jsonl")},
+                                cv_folds=2).setup()
 
 
 def test_a_test_plan_that_is_a_training_plan_is_an_error(tmp_path):
@@ -341,7 +349,7 @@ def test_cross_validation_picks_the_setting_then_the_fit_trains_it(compose_train
     import train
 
     cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
-                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "data.extra_eval_paths={}",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "~data.extra_eval_paths.all_pairs",
                         "data.cv_folds=3", "trainer.max_epochs=4", f"model.encoder.config={TINY_BERT}", "model.members=2",
                         "model.cv_grid=[{closure: max},{closure: none, step_dim: 8}]")
     datamodule, model, trainer = train.build(cfg)
@@ -370,7 +378,7 @@ def test_blend_settings_share_their_heads_and_mix_in_the_baseline(compose_train,
     from seqaware.modules import teo_closure_head as mod
 
     cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
-                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "data.extra_eval_paths={}",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "~data.extra_eval_paths.all_pairs",
                         "data.rfg_path=null", "data.cv_folds=3", "trainer.max_epochs=3", f"model.encoder.config={TINY_BERT}",
                         "model.members=2", "model.cv_grid=[{closure: max},{closure: max, blend: 0.25},{closure: max, blend: 1.0}]")
     datamodule, model, trainer = train.build(cfg)
@@ -414,7 +422,7 @@ def test_cross_validation_chooses_the_step_features_like_any_setting(compose_tra
     from seqaware.modules.teo_closure_head import mean_pooled
 
     cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
-                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "data.extra_eval_paths={}",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "~data.extra_eval_paths.all_pairs",
                         "data.rfg_path=null", "data.cv_folds=3", "trainer.max_epochs=3", f"model.encoder.config={TINY_BERT}",
                         "model.members=1", "+model.extra_features.minilm=offline:minilm", "model.features=minilm",
                         "model.cv_grid=[{features: encoder},{features: minilm},{features: encoder+minilm}]",
