@@ -349,7 +349,7 @@ def test_cross_validation_picks_the_setting_then_the_fit_trains_it(compose_train
     import train
 
     cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
-                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "~data.extra_eval_paths.all_pairs",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "~data.extra_eval_paths.all_pairs", "data.rfg_path=null",
                         "data.cv_folds=3", "trainer.max_epochs=4", f"model.encoder.config={TINY_BERT}", "model.members=2",
                         "model.cv_grid=[{closure: max},{closure: none, step_dim: 8}]")
     datamodule, model, trainer = train.build(cfg)
