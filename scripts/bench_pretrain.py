@@ -89,21 +89,18 @@ class Trainee:
     """A module, its optimizer and the precision it trains in, stepped as Lightning steps it.
 
     ``bf16-true``: the module is converted to bfloat16 after its float32 values are kept for the master
-    weights (:class:`~seqaware.master_weights.MasterWeights`), float inputs are cast to bfloat16 and the
-    step runs under a bfloat16 default dtype (Lightning's ``HalfPrecision``); the optimizer updates the
-    float32 masters, which are rounded back into the module after each step.
+    weights (:class:`~seqaware.master_weights.MasterWeights`); the optimizer updates the float32 masters,
+    which are rounded back into the module after each step.
     """
 
     def __init__(self, module: PretrainingModule, precision: str, device: torch.device, lr: float):
-        from seqaware.master_weights import MasterWeights
+        from seqaware.master_weights import MasterWeights, precision_plugin
 
-        self.module, self.precision, self.device = module, precision, device
+        self.module, self.plugin = module, precision_plugin(precision, device)
         groups = [{"params": [p for p in module.parameters() if p.requires_grad]}]
-        self.masters = None
         sources = {id(p): p.detach() for p in groups[0]["params"]}  # the float32 values, before conversion
-        if precision == "bf16-true":
-            module.to(torch.bfloat16)
-        module.to(device)
+        self.plugin.convert_module(module).to(device)
+        self.masters = None
         if precision == "bf16-true":
             self.masters, groups = MasterWeights.for_param_groups(groups, sources)
         # fused, as configs/model/pretrain.yaml trains (one kernel for all parameters)
@@ -112,41 +109,22 @@ class Trainee:
             self.masters.attach(self.optimizer)
 
     def batch(self, batch: dict) -> dict:
-        if self.precision != "bf16-true":
-            return batch
-        return {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
+        return self.plugin.convert_input(batch)
 
     def step(self, batch: dict, step: int) -> tuple[tuple[str, ...], torch.Tensor]:
         """What ``training_step`` + Lightning's optimisation do, without the Trainer."""
         module = self.module
         names = module.schedule.draw(step)
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed")
-        with autocast, _default_dtype(torch.bfloat16 if self.precision == "bf16-true" else None):
+        with self.plugin.forward_context():
             loss, _, _ = module.compute_losses(batch, names, step)
             loss = loss + module._unused_heads_term(names)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        for name, obj in module.objectives.items():  # PretrainingModule.on_before_optimizer_step
-            if name not in names:
-                for p in obj.parameters():
-                    p.grad = None
+        module.release_undrawn_heads(names)
         if self.masters is not None:
             self.masters.grads_to_master()
         self.optimizer.step()
         return names, loss.detach()
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype | None):
-    if dtype is None:
-        yield
-        return
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def random_batch(module: PretrainingModule, batch_size: int, steps: int, tokens: int, image_size: int,

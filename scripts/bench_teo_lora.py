@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from seqaware.master_weights import MasterWeights, precision_plugin  # noqa: E402
 from seqaware.vlm.models import answer_loss, apply_lora  # noqa: E402
 from seqaware.vlm.models import build_tiny_internvl, internvl_config_8b  # noqa: E402
 
@@ -101,36 +102,26 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    plugin = precision_plugin("bf16-true" if args.bf16_true else "bf16-mixed" if args.bf16 else "32-true", device)
     masters = None
     if args.bf16_true:
-        from seqaware.master_weights import MasterWeights
-
         sources = {id(p): p.detach() for p in groups[0]["params"]}  # PEFT's float32 adapters, before conversion
-        model.to(torch.bfloat16)
+        plugin.convert_module(model)
         masters, groups = MasterWeights.for_param_groups(groups, sources)
     optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.01)
     if masters is not None:
         masters.attach(optimizer)
-    batch = make_batch(model, args.batch_size, args.text_tokens, args.answer_tokens, args.images, device)
+    batch = plugin.convert_input(make_batch(model, args.batch_size, args.text_tokens, args.answer_tokens, args.images,
+                                            device))
     tokens_per_step = batch["input_ids"].numel()
     inputs = {k: v for k, v in batch.items() if k != "labels"}
 
-    if args.bf16_true:  # Lightning's HalfPrecision casts float inputs
-        batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-
     def step() -> float:
-        previous = torch.get_default_dtype()
-        if args.bf16_true:
-            torch.set_default_dtype(torch.bfloat16)  # as HalfPrecision.forward_context
-        try:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                if args.full_logits:
-                    loss = model(**batch).loss
-                else:
-                    loss = answer_loss(model, inputs, batch["labels"])
-        finally:
-            torch.set_default_dtype(previous)
+        with plugin.forward_context():
+            if args.full_logits:
+                loss = model(**batch).loss
+            else:
+                loss = answer_loss(model, inputs, batch["labels"])
         loss.backward()
         if masters is not None:
             masters.grads_to_master()

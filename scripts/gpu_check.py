@@ -68,17 +68,17 @@ def _train(*overrides: str) -> list[str]:
     return [PY, "train.py", *overrides, "callbacks.progress_bar.refresh_rate=0"]
 
 
-def _pretrain_gpu(preset: str, *extra: str, batch: int = 32, precision: str = "bf16-mixed") -> list[str]:
-    """bench_pretrain.py on the GPU: SDPA, ``precision`` (bf16 autocast by default), batch ``batch``, 10 timed
-    steps (+ ``extra``)."""
+def _pretrain_gpu(preset: str, *extra: str, batch: int = 32, precision: str = "bf16-mixed", steps: int = 10) -> list[str]:
+    """bench_pretrain.py on the GPU: SDPA, ``precision`` (bf16 autocast by default), batch ``batch``, ``steps``
+    timed steps (+ ``extra``)."""
     return [PY, "scripts/bench_pretrain.py", "--preset", preset, "--batch-size", str(batch), "--precision", precision,
-            "--sdpa", "--steps", "10", *extra]
+            "--sdpa", "--steps", str(steps), *extra]
 
 
 def _curve(precision: str, seed: int = 0) -> list[str]:
     """The paper-size loss curve: 200 steps at batch 32, lr 1e-4 (configs/model/pretrain.yaml), 8 batches."""
-    return _pretrain_gpu("paper", "--no-baseline", "--steps", "3", "--warmup", "1", "--curve-steps", "200",
-                         "--lr", "1e-4", "--curve-seed", str(seed), precision=precision)
+    return _pretrain_gpu("paper", "--no-baseline", "--warmup", "1", "--curve-steps", "200", "--lr", "1e-4",
+                         "--curve-seed", str(seed), precision=precision, steps=3)
 
 
 def plan(gpu: bool) -> list[Step]:

@@ -128,3 +128,18 @@ class MasterWeights:
                     and torch.equal(current, value.to(current.device, current.dtype))):
                 state[name] = value.detach().to(current.device, copy=True)
         return state
+
+
+def precision_plugin(precision: str, device: torch.device):
+    """Lightning's plugin for ``trainer.precision=precision`` (``32-true`` | ``bf16-mixed`` | ``bf16-true``), for
+    code that steps a module without a Trainer (the benchmarks): its ``convert_module``, ``convert_input`` and
+    ``forward_context`` (autocast, or the bfloat16 default dtype of ``bf16-true``) are what the Trainer applies."""
+    from pytorch_lightning.plugins.precision import HalfPrecision, MixedPrecision, Precision
+
+    if precision == "bf16-mixed":
+        return MixedPrecision("bf16-mixed", device.type)
+    if precision == "bf16-true":
+        return HalfPrecision("bf16-true")
+    if precision == "32-true":
+        return Precision()
+    raise ValueError(f"precision must be 32-true, bf16-mixed or bf16-true, got {precision!r}")

@@ -371,12 +371,16 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         (about ten times their last step in total) and decay them; with ``None`` the optimiser skips
         them, so a head moves only at the steps its objective takes part in.
         """
-        drawn = self.schedule.draw(self.global_step)
+        self.release_undrawn_heads(self.schedule.draw(self.global_step))
+        super().on_before_optimizer_step(optimizer)  # half precision: to the float32 master weights
+
+    def release_undrawn_heads(self, drawn: tuple[str, ...]) -> None:
+        """Set to ``None`` the gradients of the objective heads not in ``drawn`` (see
+        :meth:`on_before_optimizer_step`)."""
         for name, obj in self.objectives.items():
             if name not in drawn:
                 for p in obj.parameters():
                     p.grad = None
-        super().on_before_optimizer_step(optimizer)  # half precision: to the float32 master weights
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         names = self.schedule.draw(self.global_step)
