@@ -192,3 +192,104 @@ def test_procedure_statistics_a_pair_linked_only_backwards_is_not_independent():
     chain = procedure_statistics([_proc("c", 4, [(3, 1), (1, 0)])])
     # pairs: 0-1, 1-3, 0-3 linked (0-3 through 1); 0-2, 1-2, 2-3 independent
     assert chain["independent_pair_share"] == pytest.approx(3 / 6)
+
+
+def _algorithm1_reference(orders_i, orders_j, gold):
+    """Algorithm 1, lines 4-14 (Wu et al. 2022, B.3.2), written out with plain loops and sklearn's kappa."""
+    def f(a, b):
+        ra, rb = (np.abs(pairwise_relations(gold) - pairwise_relations(o)) for o in (a, b))
+        union = (ra == 1) | (rb == 1)
+        x, y = ra[union].tolist(), rb[union].tolist()
+        if not x:
+            return 1.0
+        if len(set(x)) == 1 and len(set(y)) == 1:   # both constant: sklearn's kappa is undefined there
+            return 1.0 if x == y else 0.0
+        return float(cohen_kappa_score(x, y))
+    short, long_ = (list(orders_i), list(orders_j)) if len(orders_i) <= len(orders_j) else (list(orders_j), list(orders_i))
+    scores = []
+    while short:
+        best = None
+        for m, a in enumerate(short):
+            for n, b in enumerate(long_):
+                if best is None or f(a, b) > best[0]:
+                    best = (f(a, b), m, n)
+        scores.append(best[0])
+        del short[best[1]], long_[best[2]]
+    return scores + [f(gold, o) for o in long_]
+
+
+def test_algorithm1_matches_a_plain_loop_implementation_on_random_series():
+    """Random series of alternative orders (equal and unequal lengths, with repeats that tie):
+    the greedy best-pair matching, each order used once, ties to the first row then column, and
+    the penalty for what is left, all as in the written-out algorithm."""
+    rng = np.random.default_rng(3)
+    gold = [0, 1, 2, 3]
+    perms = [list(p) for p in itertools.permutations(gold)]
+    for _ in range(150):
+        k_i, k_j = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        series_i = [perms[int(r)] for r in rng.integers(0, len(perms), k_i)]
+        series_j = [perms[int(r)] for r in rng.integers(0, len(perms), k_j)]
+        expected = _algorithm1_reference(series_i, series_j, gold)
+        assert alternative_order_pair_scores(series_i, series_j, gold) == pytest.approx(expected)
+
+
+def test_relation_difference_follows_the_given_item_order():
+    """``items`` fixes the enumeration of the ordered pairs: with items (3, 1, 2) the pairs are
+    31, 32, 13, 12, 23, 21. Gold 123 vs order 132 flips 32 and 23 only."""
+    assert relation_difference([1, 3, 2], [1, 2, 3], items=[3, 1, 2]).tolist() == [0, 1, 0, 0, 1, 0]
+    assert relation_difference([1, 3, 2], [1, 2, 3]).tolist() == [0, 0, 0, 1, 0, 1]   # sorted items: 12 13 21 23 31 32
+
+
+def test_items_that_do_not_match_the_orders_are_an_error_everywhere():
+    """``items`` is checked against the orders, not ignored, by every agreement function."""
+    gold, other = [1, 2, 3], [1, 3, 2]
+    for call in (lambda: mean_pairwise_kappa([gold, other], items=[1, 2, 4]),
+                 lambda: relation_difference(other, gold, items=[1, 2, 4]),
+                 lambda: difference_kappa(other, other, gold, items=[1, 2, 4]),
+                 lambda: alternative_order_pair_scores([other], [gold, other], gold, items=[1, 2, 4]),
+                 lambda: alternative_order_agreement([[other], [gold, other]], gold, items=[1, 2, 4])):
+        with pytest.raises(ValueError):
+            call()
+    # the same calls with a valid item order give the values of the default (sorted) one
+    assert mean_pairwise_kappa([gold, other], items=[3, 2, 1]) == pytest.approx(mean_pairwise_kappa([gold, other]))
+    assert alternative_order_agreement([[other], [gold, other]], gold, items=[2, 3, 1]) == pytest.approx(
+        alternative_order_agreement([[other], [gold, other]], gold))
+
+
+def test_alternative_order_agreement_errors_name_the_argument_and_the_annotator():
+    with pytest.raises(ValueError, match=r"^gold must be a sequence of step ids, got 'abc'$"):
+        alternative_order_agreement([[[1, 2, 3]], [[1, 2, 3]]], "abc")
+    # annotators given as a list are named by their index
+    with pytest.raises(ValueError, match=r"^annotator 1: needs a non-empty list of orders, got \[\]$"):
+        alternative_order_agreement([[[1, 3, 2]], []], GOLD)
+    # a string is not a list of orders (it would otherwise be read as orders of characters)
+    with pytest.raises(ValueError, match=r"^annotator 'w2': needs a non-empty list of orders, got '132'$"):
+        alternative_order_agreement({"w1": [[1, 3, 2]], "w2": "132"}, GOLD)
+    # an order that is not a sequence: the message names the annotator and order once, in full
+    with pytest.raises(ValueError) as err:
+        alternative_order_agreement({"w1": [[1, 3, 2]], "w2": ["132"]}, GOLD)
+    assert str(err.value) == ("annotator 'w2', order 0: '132' is not an order of the gold order's items [1, 2, 3] "
+                              "(annotator 'w2', order 0 must be a sequence of step ids, got '132')")
+
+
+def test_dag_masi_agreement_node_ids():
+    """Nodes missing from one annotation have an empty out-set there; node ids that are not
+    integers (names) are kept as they are; digit strings and ints are the same node."""
+    a = {"mix": ["cook"], "cook": []}
+    b = {"mix": ["cook"]}
+    assert dag_masi_agreement(a, b) == 1.0
+    assert dag_masi_agreement(b, a) == 1.0
+    assert dag_masi_agreement({"a": ["b"], "b": []}, {"a": ["c"], "c": []}) == pytest.approx(1 - 1 / 3)
+    assert dag_masi_agreement({" 7": ["8"]}, {7: [8]}) == 1.0
+    assert dag_masi_agreement({(0, 1): [(1, 2)]}, {(0, 1): [(1, 2)]}) == 1.0   # any hashable node id
+
+
+def test_procedure_statistics_degrees_without_edges_or_dags_and_several_capped():
+    no_edges = procedure_statistics([_proc("e", 3, [])])
+    assert no_edges["mean_out_degree_branching"] == 0.0 and no_edges["mean_out_degree_all"] == 0.0
+    assert no_edges["independent_pair_share"] == 1.0
+    no_dag = procedure_statistics([_proc("x", 2, None)])
+    assert no_dag["mean_out_degree_branching"] is None and no_dag["mean_out_degree_all"] is None
+    assert no_dag["independent_pair_share"] is None and no_dag["edges_per_procedure"] is None
+    capped = procedure_statistics([_proc("a", 4, []), _proc("b", 4, []), _proc("c", 2, [])], limit=3)
+    assert capped["linear_extensions"] == {"mean": 8 / 3, "median": 3.0, "min": 2.0, "max": 3.0, "limit": 3, "num_capped": 2}

@@ -423,7 +423,26 @@ def test_a_rank_that_failed_fails_the_sweep_job(monkeypatch):
     watchdog = _ChildProcessObserver(main_pid=os.getpid(), child_processes=[rank1], sleep_period=3600)
     watchdog.start()  # sleeps; released before it looks
     monkeypatch.setattr(launch, "pin_ddp_relaunch", lambda: True)
-    with pytest.raises(RuntimeError, match=r"\{1: 3\}"):
+    with pytest.raises(RuntimeError, match=r"\{1: 3\}; see their logs \(train_ddp_process_<rank>\.log\) in the run folder$"):
+        with launch.ddp_sweep_job():
+            pass
+
+
+def test_a_failed_rank_points_at_the_jobs_own_folder(monkeypatch, tmp_path):
+    """Inside a Hydra job the error names that job's output folder, where the ranks' logs are."""
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+    from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    import seqaware.launch as launch
+
+    rank1 = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])
+    rank1.wait()
+    _ChildProcessObserver(main_pid=os.getpid(), child_processes=[rank1], sleep_period=3600).start()
+    monkeypatch.setattr(launch, "pin_ddp_relaunch", lambda: True)
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(runtime=SimpleNamespace(output_dir=tmp_path / "job3"))))
+    with pytest.raises(RuntimeError, match=r"\{1: 2\}; see their logs .* in " + re.escape(str(tmp_path / "job3")) + "$"):
         with launch.ddp_sweep_job():
             pass
 

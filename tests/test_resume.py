@@ -182,6 +182,29 @@ def _finished_run(root: Path, name: str, finished_at: str, status: str = "finish
     return folder
 
 
+def test_latest_orders_runs_by_their_recorded_finish_then_by_the_state_files_age(tmp_path):
+    """The run that finished last wins even when its folder was copied or touched earlier (a file's
+    time is only the tie-break, for runs that record the same finish); a state file that cannot be
+    read is skipped without hiding the runs after it."""
+    task = tmp_path / "t"
+    late = _finished_run(task / "runs", "a_finished_late", "2026-11-21T10:00:00+0000")
+    early = _finished_run(task / "runs", "b_finished_early", "2026-11-20T10:00:00+0000")
+    twin = _finished_run(task / "runs", "c_same_finish", "2026-11-20T10:00:00+0000")
+    broken = task / "runs" / "0_broken"
+    broken.mkdir()
+    (broken / runs.RUN_STATE_FILE).write_text("{not json")
+    for folder, mtime in ((late, 1_000), (early, 3_000), (twin, 2_000)):
+        os.utime(folder / runs.RUN_STATE_FILE, (mtime, mtime))
+    assert runs.finished_runs(tmp_path, "t") == [late, early, twin]
+    os.utime(twin / runs.RUN_STATE_FILE, (4_000, 4_000))
+    assert runs.finished_runs(tmp_path, "t") == [late, twin, early]
+    legacy = _finished_run(task / "runs", "d_no_finish_recorded", "")
+    state = json.loads((legacy / runs.RUN_STATE_FILE).read_text())
+    del state["finished_at"]
+    (legacy / runs.RUN_STATE_FILE).write_text(json.dumps(state))
+    assert runs.finished_runs(tmp_path, "t")[-1] == legacy   # no recorded finish: older than any that has one
+
+
 def test_latest_names_the_newest_finished_run_of_a_task(tmp_path):
     task = tmp_path / "clipvil_pretrain"
     _finished_run(task / "runs", "old", "2026-11-20T10:00:00+0000")
@@ -190,7 +213,7 @@ def test_latest_names_the_newest_finished_run_of_a_task(tmp_path):
     _finished_run(task / "runs", "newest_but_failed", "2026-11-22T10:00:00+0000", status="failed")
     assert runs.resolve_latest("latest:clipvil_pretrain/encoder.pt", tmp_path) == str(new / "encoder.pt")
     with pytest.raises(FileNotFoundError, match=r"latest:clipvil_pretrain/other\.pt: no finished run of task "
-                                                r"'clipvil_pretrain' under .* holds other\.pt \(2 finished"):
+                                                r"'clipvil_pretrain' under " + re.escape(str(task)) + r" holds other\.pt \(2 finished"):
         runs.resolve_latest("latest:clipvil_pretrain/other.pt", tmp_path)
     with pytest.raises(FileNotFoundError, match="no finished run of task 'nothing'"):
         runs.resolve_latest("latest:nothing/encoder.pt", tmp_path)

@@ -12,7 +12,7 @@ from seqaware.metrics.coherence import (
     kendall_tau,
 )
 from seqaware.metrics.classification import (align_labels, binary_baselines, binary_report, binary_table, choose_threshold,
-                                             majority_label, twin_consistency)
+                                             initial_threshold, majority_label, twin_consistency)
 from seqaware.metrics.iso import (implied_nondep_recall, iso_baselines, iso_report, iso_rows, iso_table,
                                   unparsable_consistency)
 from seqaware.metrics.teo import teo_baselines, teo_report, teo_rows, teo_table
@@ -529,3 +529,17 @@ def test_metric_inputs_are_checked_with_a_message():
     stranger = teo_eval_sets([_procedure("z", 2, dag=[(0, 1)])])["swapped"][0]
     with pytest.raises(ValueError, match="has no swapped counterpart"):
         teo_report(original, [*swapped[:-1], stranger], {}, {})
+
+
+def test_initial_threshold_takes_the_chooser_word_or_a_probability_and_names_the_key():
+    """What ``model.threshold`` may hold (the plan head's ``val``, the closure head's ``cv``, or a
+    fixed number strictly between 0 and 1) and the buffer value a head starts from."""
+    assert initial_threshold("val", "val") == 0.5
+    assert initial_threshold("cv", "cv") == 0.5
+    assert initial_threshold(0.3, "val") == 0.3 and isinstance(initial_threshold(0.3, "val"), float)
+    assert initial_threshold(0.999, "cv") == 0.999
+    for bad in ("cv", 0, 1, 1.0, 0.0, -0.2, 1.5, True, None, "0.3"):
+        with pytest.raises(ValueError, match=r"^model\.threshold must be 'val' or a number in \(0, 1\), got "):
+            initial_threshold(bad, "val")
+    with pytest.raises(ValueError, match=r"^head\.tau must be 'cv' or a number in \(0, 1\), got 'val'$"):
+        initial_threshold("val", "cv", key="head.tau")

@@ -156,7 +156,7 @@ def test_every_shipped_experiment_and_preset_has_a_smoke_run():
     assert all(e in SMOKE for experiments in PRESETS.values() for e in experiments)
 
 
-@pytest.mark.parametrize("experiment, preset, precision", _matrix())
+@pytest.mark.parametrize("experiment, preset, precision", list(_matrix()))
 def test_fast_dev_run_every_experiment_preset_and_precision(compose_train, experiment, preset, precision, caplog):
     experiment, variant = VARIANTS.get(experiment, (experiment, [], []))[:2]
     overrides, keys, check = SMOKE[experiment]

@@ -166,7 +166,7 @@ def _node(value: Any) -> Any:
     """Node ids as ints when they hold an integer (JSON object keys are strings), else unchanged."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+    if isinstance(value, str) and value.strip().isdigit():
         return int(value)
     return value
 

@@ -205,6 +205,17 @@ def twin_consistency(keys: Sequence[Hashable], answers: Sequence[Any]) -> dict[s
     return {"twin_consistency": same / len(twins) if twins else 0.0, "n_twins": len(twins)}
 
 
+def initial_threshold(threshold: Any, chosen: str, key: str = "model.threshold") -> float:
+    """The decision threshold a head starts from: 0.5 when ``threshold`` is the word ``chosen`` (the
+    head picks it later, e.g. ``val`` or ``cv``), else ``threshold`` itself, a number in (0, 1).
+    Anything else is a ValueError naming ``key``."""
+    if threshold == chosen:
+        return 0.5
+    if isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0.0 < float(threshold) < 1.0:
+        return float(threshold)
+    raise ValueError(f"{key} must be {chosen!r} or a number in (0, 1), got {threshold!r}")
+
+
 def choose_threshold(gold: Sequence[Hashable], scores: Sequence[float], metric: str = "macro_f1",
                      positive: str = "yes", negative: str = "no",
                      grid: Sequence[float] | None = None) -> tuple[float, float]:

@@ -84,7 +84,8 @@ from torch import nn
 from seqaware.encoders.base import SequenceEncoder
 from seqaware.encoders.text import TextEncoder
 from seqaware.io import atomic_open
-from seqaware.metrics.classification import binary_report, binary_rows, choose_threshold, format_table, twin_consistency
+from seqaware.metrics.classification import (binary_report, binary_rows, choose_threshold, format_table,
+                                             initial_threshold, twin_consistency)
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 from seqaware.modules.teo_plan_head import pair_position_features
 from seqaware.pretrained import load_tokenizer
@@ -436,8 +437,7 @@ class TeoClosureHeadModule(SeqawareModule):
                                  "(model.extra_features adds more), joined with '+'")
         if cv_metric not in CV_METRICS:
             raise ValueError(f"model.cv_metric must be one of {list(CV_METRICS)}, got {cv_metric!r}")
-        if not (threshold == "cv" or (isinstance(threshold, (int, float)) and 0.0 < float(threshold) < 1.0)):
-            raise ValueError(f"model.threshold must be 'cv' or a number in (0, 1), got {threshold!r}")
+        initial = initial_threshold(threshold, "cv")
         self.save_hyperparameters({"encoder": as_container(encoder), "optimizer": as_container(optimizer),
                                    "head": head, "members": members, "cv_grid": grid, "cv_metric": cv_metric,
                                    "threshold": threshold, "rfg_weight": rfg_weight, "blend": float(blend),
@@ -456,7 +456,7 @@ class TeoClosureHeadModule(SeqawareModule):
             self._extra[name] = (extra, load_tokenizer(weights, config_key=f"model.extra_features.{name}"))
         self.setting: dict[str, Any] = self._configured_setting()
         self.ensemble = self._build(self.setting)
-        self.register_buffer("decision_threshold", torch.tensor(0.5 if threshold == "cv" else float(threshold)))
+        self.register_buffer("decision_threshold", torch.tensor(initial))
         self._cache: dict[tuple[str, ...], torch.Tensor] = {}
         self._threads = torch.get_num_threads()
         self.baseline: Any = None

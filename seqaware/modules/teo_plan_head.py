@@ -49,7 +49,7 @@ from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, pack_steps
 from seqaware.encoders.steps import pair_features, scatter_steps, step_means
-from seqaware.metrics.classification import binary_rows, choose_threshold, format_table, twin_consistency
+from seqaware.metrics.classification import binary_rows, choose_threshold, format_table, initial_threshold, twin_consistency
 from seqaware.metrics.teo import SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, predicted_pair_rows, teo_table
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique
 
@@ -121,8 +121,7 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
                  dropout: float = 0.1, mirror: bool = True, threshold: Any = "val", threshold_metric: str = "macro_f1",
                  class_weights: Optional[Sequence[float]] = None, head_lr: Optional[float] = None):
         super().__init__()
-        if not (threshold == "val" or (isinstance(threshold, (int, float)) and 0.0 < float(threshold) < 1.0)):
-            raise ValueError(f"model.threshold must be 'val' or a number in (0, 1), got {threshold!r}")
+        initial = initial_threshold(threshold, "val")
         if class_weights is not None and len(class_weights) != len(TEO_LABELS):
             raise ValueError(f"model.class_weights needs {len(TEO_LABELS)} weights (before, after, independent), got {class_weights!r}")
         self.save_hyperparameters({
@@ -143,7 +142,6 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         self.step_encoder = nn.TransformerEncoder(layer, step_layers, enable_nested_tensor=False) if step_layers else None
         self.pair_mlp = nn.Sequential(nn.Linear(4 * step_dim + NUM_POSITION_FEATURES, pair_hidden), nn.GELU(),
                                       nn.Dropout(dropout), nn.Linear(pair_hidden, len(TEO_LABELS)))
-        initial = 0.5 if threshold == "val" else float(threshold)
         self.register_buffer("decision_threshold", torch.tensor(initial))
         if class_weights is not None:
             self.register_buffer("class_weights", torch.tensor([float(w) for w in class_weights]), persistent=False)
