@@ -441,3 +441,39 @@ def test_score_predictions_script_reference_selection(tmp_path, monkeypatch, cap
         rows[rule] = capsys.readouterr().out.strip().splitlines()[-1].split("|")[2:-1]  # acc pmr dist lcs lcstr tau ...
     assert [float(v) for v in rows["joint"][:6]] == pytest.approx([0.5, 0.0, 2.0, 3.0, 1.0, 2 / 3], abs=1e-4)
     assert [float(v) for v in rows["wu2022"][:6]] == pytest.approx([0.5, 0.0, 6.0, 2.0, 2.0, -2 / 3], abs=1e-4)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: order_metrics("abc", [0, 1, 2]), "pred must be a sequence of step ids, got 'abc'"),
+    (lambda: order_metrics([0, 1, 2], 5), "gold must be a sequence of step ids, got 5"),
+    (lambda: order_metrics([0, 1, 1], [0, 1, 2]), "pred has duplicate items: [0, 1, 1]"),
+    (lambda: order_metrics([0, 1, 2], [0, 2, 2]), "gold has duplicate items: [0, 2, 2]"),
+    (lambda: order_metrics([0, 1, 3], [0, 1, 2]),
+     "pred and gold are not permutations of each other: pred=[0, 1, 3], gold=[0, 1, 2]"),
+    (lambda: order_metrics([[0], [1]], [[0], [1]]), "step ids must be hashable: unhashable type: 'list'"),
+    (lambda: pairwise_relations(b"ab"), "order must be a sequence of step ids, got b'ab'"),
+    (lambda: pairwise_relations([0, 1, 1]), "order has duplicate items: [0, 1, 1]"),
+    (lambda: pairwise_relations([0, 1], items="01"), "items must be a sequence of step ids, got '01'"),
+    (lambda: pairwise_relations([0, 1], items=[0, 2]),
+     "items and order are not permutations of each other: items=[0, 2], order=[0, 1]"),
+    (lambda: pairwise_relations([0, 1], items=[0, 1, 1]), "items has duplicate items: [0, 1, 1]"),
+    (lambda: pairwise_relations([0, "a"]), "the items cannot be sorted; pass items= to fix the pair order"),
+    (lambda: order_kappa(3, [0, 1]), "order_a must be a sequence of step ids, got 3"),
+    (lambda: order_kappa([0, 1], "10"), "order_b must be a sequence of step ids, got '10'"),
+    (lambda: order_kappa([0, 1], [0, 2]),
+     "order_a and order_b are not permutations of each other: order_a=[0, 1], order_b=[0, 2]"),
+    (lambda: order_kappa([0, 1], [1, 0], items=[1]),
+     "items and order are not permutations of each other: items=[1], order=[0, 1]"),
+    (lambda: dag_order_metrics([0, 1, 5], 3, []),
+     "pred and range(num_steps) are not permutations of each other: pred=[0, 1, 5], range(num_steps)=[0, 1, 2]"),
+    (lambda: dag_order_metrics([0], 0, []), "num_steps must be a positive integer, got 0"),
+    (lambda: select_reference([0, 1], "01"), "references must be a list of one or more orders, got '01'"),
+    (lambda: select_reference([0, 1], []), "references must hold at least one order"),
+    (lambda: select_reference([0, 1], [[0, 1]], reference_selection="best"),
+     "reference_selection must be one of ('joint', 'wu2022'), got 'best'"),
+])
+def test_input_errors_name_the_argument(call, message):
+    """Every input error says which argument is wrong and shows its value."""
+    with pytest.raises(ValueError) as err:
+        call()
+    assert str(err.value) == message

@@ -44,7 +44,7 @@ def _check_order(order: Any, gold: list, where: str) -> list:
     """``order`` as a list, after checking it orders exactly the items of ``gold`` (``where`` names it)."""
     try:
         order = _as_order(order, where)
-        _gold_positions(order, gold)
+        _gold_positions(order, gold, (where, "gold"))
     except ValueError as err:
         raise ValueError(f"{where}: {order!r} is not an order of the gold order's items {gold!r} ({err})") from None
     return order
@@ -128,7 +128,7 @@ def alternative_order_agreement(alternatives_by_annotator: Mapping[Any, Sequence
     annotators = _annotator_values(alternatives_by_annotator)
     names = list(alternatives_by_annotator) if isinstance(alternatives_by_annotator, Mapping) else list(range(len(annotators)))
     gold = _as_order(gold, "gold")
-    _gold_positions(gold, gold)  # no duplicates
+    _gold_positions(gold, gold, ("gold", "gold"))  # no duplicates
     checked = []
     for name, orders in zip(names, annotators):
         if isinstance(orders, (str, bytes)) or not isinstance(orders, Sequence) or not len(orders):

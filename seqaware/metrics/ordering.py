@@ -70,21 +70,24 @@ def _as_order(order: Any, name: str) -> list:
     return list(order)
 
 
-def _gold_positions(pred: Any, gold: Any) -> list[int]:
-    """``p[k]`` = position in ``gold`` of ``pred[k]``, after checking both are permutations."""
-    pred = _as_order(pred, "pred")
-    gold = _as_order(gold, "gold")
+def _gold_positions(pred: Any, gold: Any, names: tuple[str, str] = ("pred", "gold")) -> list[int]:
+    """``p[k]`` = position in ``gold`` of ``pred[k]``, after checking both are permutations of the
+    same items; errors call the two ``names`` (the caller's argument names)."""
+    pred_name, gold_name = names
+    pred = _as_order(pred, pred_name)
+    gold = _as_order(gold, gold_name)
     try:
         where = {item: k for k, item in enumerate(gold)}
         pred_set = set(pred)
     except TypeError as err:
         raise ValueError(f"step ids must be hashable: {err}") from None
     if len(where) != len(gold):
-        raise ValueError(f"gold order has duplicate items: {gold!r}")
+        raise ValueError(f"{gold_name} has duplicate items: {gold!r}")
     if len(pred_set) != len(pred):
-        raise ValueError(f"predicted order has duplicate items: {pred!r}")
+        raise ValueError(f"{pred_name} has duplicate items: {pred!r}")
     if pred_set != set(where):
-        raise ValueError(f"pred and gold are not permutations of each other: pred={pred!r}, gold={gold!r}")
+        raise ValueError(f"{pred_name} and {gold_name} are not permutations of each other: "
+                         f"{pred_name}={pred!r}, {gold_name}={gold!r}")
     if not pred:
         raise ValueError("orders must hold at least one item")
     return [where[item] for item in pred]
@@ -243,7 +246,7 @@ def dag_order_metrics(pred: Sequence[int], num_steps: int, edges: Iterable) -> d
     """
     if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
-    p = _gold_positions(pred, list(range(num_steps)))
+    p = _gold_positions(pred, list(range(num_steps)), ("pred", "range(num_steps)"))
     reach = dag_utils.transitive_closure(num_steps, edges)
     position = np.empty(num_steps, dtype=np.int64)
     position[np.asarray(p)] = np.arange(num_steps)  # position[step] = index of step in pred
@@ -388,7 +391,7 @@ def _item_order(order: list, items: Sequence[Hashable] | None) -> list:
         except TypeError:
             raise ValueError("the items cannot be sorted; pass items= to fix the pair order") from None
     items = _as_order(items, "items")
-    _gold_positions(items, order)  # same items, no duplicates
+    _gold_positions(items, order, ("items", "order"))  # same items, no duplicates
     return items
 
 
@@ -404,7 +407,7 @@ def pairwise_relations(order: Sequence[Hashable], items: Sequence[Hashable] | No
     """
     order = _as_order(order, "order")
     canonical = _item_order(order, items)
-    _gold_positions(order, canonical)  # validates the order itself (duplicates, membership)
+    _gold_positions(canonical, order, ("items", "order"))  # the order itself: duplicates, membership
     where = {item: k for k, item in enumerate(order)}
     position = np.array([where[item] for item in canonical], dtype=np.int64)
     n = len(canonical)
@@ -425,7 +428,7 @@ def order_kappa(order_a: Sequence[Hashable], order_b: Sequence[Hashable], items:
     """
     a = _as_order(order_a, "order_a")
     b = _as_order(order_b, "order_b")
-    _gold_positions(a, b)  # same items, no duplicates
+    _gold_positions(a, b, ("order_a", "order_b"))  # same items, no duplicates
     canonical = _item_order(a, items)
     return binary_kappa(pairwise_relations(a, canonical), pairwise_relations(b, canonical))
 
