@@ -119,11 +119,13 @@ def test_ctrl_c_leaves_the_run_interrupted_and_resumable(compose_train, tmp_path
 
     cfg = _short(compose_train, "test=false", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
                  *_signal_at(3, tmp_path / "signalled", "SIGINT"))  # epoch 1: epoch 0's last.ckpt exists
+    # Python's own Ctrl-C handler, as in a terminal: a shell starts background jobs (nohup ... &) with SIGINT ignored
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(SystemExit):
             train.run(cfg)
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning leaves SIGINT ignored
+        signal.signal(signal.SIGINT, before)  # Lightning leaves SIGINT ignored
     out = Path(cfg.paths.output_dir)
     state = runs.read_state(out)
     assert state["status"] == "interrupted" and state["signal"] == 2
