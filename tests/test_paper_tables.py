@@ -5,10 +5,9 @@ Tests marked ``shared_data`` compare the published numbers with the papers' text
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT.parent / "shared" / "papers"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("paper_tables_script", ROOT / "scripts" / "paper_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-pt = _load()
+pt = importlib.import_module("scripts.paper_tables")   # as scripts.paper_tables: mutmut records it by that name
 PUBLISHED = pt.load_published(pt.DEFAULT_PUBLISHED)      # every row checked against the schema
 
 

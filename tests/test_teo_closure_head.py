@@ -270,13 +270,7 @@ def test_scores_by_hand(tmp_path):
 @pytest.mark.shared_data
 def test_paper_subset_scored_by_hand(shared_data):
     """The 748 paper questions of the sample: 460 yes; always-yes F1 = 2 * 460 / (748 + 460)."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("catbench_eval_script", Path(__file__).resolve().parents[1] / "scripts" / "catbench_eval.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    from scripts import catbench_eval as module
     questions = read_catbench(shared_data / "catbench" / "test_questions_sample_paper.jsonl")
     assert len(questions) == 748 and sum(q["answer"] == "yes" for q in questions) == 460
     rows = module.score(questions, {})
