@@ -1,9 +1,12 @@
 """Mutation testing of the code results and runs depend on (issue #44): run mutmut over that scope
 and print, per module, how many mutants the fast tests kill.
 
-    python scripts/mutation.py run                 # mutmut run over SCOPE, then the table
+    python scripts/mutation.py run                 # mutmut over SCOPE, then the table
     python scripts/mutation.py run --only 'seqaware.runs.*'
     python scripts/mutation.py report --survivors  # the table of the last run, and each survivor's name
+
+``run`` runs the mutants without a result, the survivors and those no test reached (tests may have been added);
+killed mutants keep their result until their code changes.  ``--rerun`` runs everything again.
 
 mutmut reads the rest of its setup from ``[tool.mutmut]`` in pyproject.toml (which files it mutates,
 the test command); it works in ``mutants/`` (git-ignored).  ``mutmut show NAME`` prints a survivor as
@@ -48,8 +51,10 @@ SCOPE = (
     "seqaware.modules.teo_closure_head.x\u01c1TeoClosureHeadModule\u01c1on_test_epoch_end__mutmut_*",
 )
 
-def results(folder: Path = ROOT / "mutants", scope: tuple[str, ...] = SCOPE) -> dict[str, dict[str, int | None]]:
-    """``module -> {mutant name: exit code}`` for the mutants in ``scope``, read from mutmut's ``.meta`` files."""
+def results(folder: Path | None = None, scope: tuple[str, ...] = SCOPE) -> dict[str, dict[str, int | None]]:
+    """``module -> {mutant name: exit code}`` for the mutants in ``scope``, read from mutmut's ``.meta`` files
+    (in ``folder``, default ``mutants/``)."""
+    folder = ROOT / "mutants" if folder is None else folder
     out: dict[str, dict[str, int | None]] = {}
     for meta in sorted(folder.rglob("*.py.meta")):
         module = ".".join(meta.relative_to(folder).with_suffix("").with_suffix("").parts)
@@ -90,16 +95,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="PATTERN",
                         help="mutant-name patterns (fnmatch) to run or report instead of the whole scope")
     parser.add_argument("--survivors", action="store_true", help="also list the surviving mutants")
+    parser.add_argument("--rerun", action="store_true",
+                        help="run every mutant in scope again, not only the survivors and those without a result")
     parser.add_argument("--max-children", type=int, default=None, help="parallel mutants (mutmut's default: CPUs)")
     args = parser.parse_args(argv)
     scope = tuple(args.only) if args.only else SCOPE
     if args.command == "run":
         extra = ["--max-children", str(args.max_children)] if args.max_children else []
+        names = list(scope)
+        if (ROOT / "mutants").is_dir() and not args.rerun:
+            # mutmut re-runs every mutant it is given by name: give it those without a result yet, the survivors
+            # and those no test reached (tests may have been added since); a killed mutant stays killed until its
+            # code changes, and then mutmut forgets its result itself
+            from mutmut.stats import status_by_exit_code
+
+            names = [name for codes in results(scope=scope).values() for name, code in codes.items()
+                     if status_by_exit_code[code] in ("not checked", "survived", "no tests")]
+            if not names:
+                print("every mutant in scope is killed (--rerun runs them all again)", file=sys.stderr)
         # one thread per mutant process: mutmut runs one per CPU already
         env = {**os.environ, **{var: "1" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
-        code = subprocess.call([sys.executable, "-m", "mutmut", "run", *extra, *scope], cwd=ROOT, env=env)
-        if code:
-            return code
+        if names:
+            code = subprocess.call([sys.executable, "-m", "mutmut", "run", *extra, *names], cwd=ROOT, env=env)
+            if code:
+                return code
     by_module = results(scope=scope)
     if not by_module:
         print(f"no mutants in {ROOT / 'mutants'} match {list(scope)}: run 'python scripts/mutation.py run' first",

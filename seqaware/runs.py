@@ -289,7 +289,7 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
             dst = new_dir / src.name
             if src.is_file() and not dst.exists() and src.resolve() != Path(ckpt_path).resolve():
                 shutil.copy2(src, dst)
-            if not dst.is_file() and dst.resolve() != Path(ckpt_path).resolve():
+            if not dst.is_file() and src.resolve() != Path(ckpt_path).resolve():  # the resumed file: written below
                 missing.append(path)
             mapping[path] = str(dst)
         if missing:

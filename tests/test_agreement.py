@@ -293,3 +293,27 @@ def test_procedure_statistics_degrees_without_edges_or_dags_and_several_capped()
     assert no_dag["independent_pair_share"] is None and no_dag["edges_per_procedure"] is None
     capped = procedure_statistics([_proc("a", 4, []), _proc("b", 4, []), _proc("c", 2, [])], limit=3)
     assert capped["linear_extensions"] == {"mean": 8 / 3, "median": 3.0, "min": 2.0, "max": 3.0, "limit": 3, "num_capped": 2}
+
+
+@pytest.mark.parametrize("alternatives, gold, message", [
+    ({"w1": [[1, 3, 2]], "w2": [[1, 3, 2], [1, 2, 4]]}, GOLD,
+     "annotator 'w2', order 1: [1, 2, 4] is not an order of the gold order's items [1, 2, 3] "
+     "(annotator 'w2', order 1 and gold are not permutations of each other: annotator 'w2', order 1=[1, 2, 4], "
+     "gold=[1, 2, 3])"),
+    ([[[1, 3, 2]], [[3, 3, 1]]], GOLD,
+     "annotator 1, order 0: [3, 3, 1] is not an order of the gold order's items [1, 2, 3] "
+     "(annotator 1, order 0 has duplicate items: [3, 3, 1])"),
+    ([[[1, 3, 2]], [[1, 3, 2]]], [1, 1, 2], "gold has duplicate items: [1, 1, 2]"),
+])
+def test_alternative_order_agreement_error_messages_in_full(alternatives, gold, message):
+    """The full message: which annotator's which order, the gold items, and why (as the ordering checks say it)."""
+    with pytest.raises(ValueError) as err:
+        alternative_order_agreement(alternatives, gold)
+    assert str(err.value) == message
+
+
+def test_alternative_order_pair_scores_check_items_without_unmatched_orders():
+    """Series of equal length leave nothing to penalise: the item order is still checked (and named)."""
+    with pytest.raises(ValueError) as err:
+        alternative_order_pair_scores([[1, 3, 2]], [[1, 2, 3]], GOLD, items=[1, 2, 4])
+    assert str(err.value) == "items and order are not permutations of each other: items=[1, 2, 4], order=[1, 2, 3]"

@@ -14,6 +14,7 @@ from sklearn.metrics import cohen_kappa_score
 from seqaware.metrics import OrderingMetrics
 from seqaware.metrics.ordering import (
     ORDER_KEYS,
+    binary_kappa,
     corpus_order_metrics,
     dag_order_metrics,
     order_kappa,
@@ -477,3 +478,92 @@ def test_input_errors_name_the_argument(call, message):
     with pytest.raises(ValueError) as err:
         call()
     assert str(err.value) == message
+
+
+def test_the_metrics_package_loads_the_torchmetrics_class_on_first_use_and_names_unknown_attributes():
+    import seqaware.metrics as metrics
+    from seqaware.metrics.torch_metrics import OrderingMetrics as direct
+
+    assert getattr(metrics, "OrderingMetrics") is direct
+    with pytest.raises(AttributeError, match=r"^module 'seqaware\.metrics' has no attribute 'Ordering'$"):
+        getattr(metrics, "Ordering")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: order_metrics([], []), "orders must hold at least one item"),
+    (lambda: select_reference([0, 1], [(0, 1), {0, 1}]),
+     "each reference must be an order (list of step ids), got {0, 1}; pass references as a list of orders, e.g. [[0, 1, 2]]"),
+    (lambda: corpus_order_metrics([[0, 1]], [[[0, 1]], [[1, 0]]]), "got 1 predictions but 2 reference lists"),
+    (lambda: corpus_order_metrics([[0, 1]], [[[0, 1]]], dags=[None, None]), "got 1 predictions but 2 DAGs"),
+    (lambda: corpus_order_metrics([[0, 1]], [[[0, 1]]], dags=[3]),
+     "instance 0: a DAG must be given as (num_steps, edges) or None, got 3"),
+    (lambda: corpus_order_metrics([[0, 1]], [[[0, 1]]], dags=[(2,)]),
+     "instance 0: a DAG must be given as (num_steps, edges) or None, got (2,)"),
+    (lambda: corpus_order_metrics([[0, 1], [1, 0, 2]], [[[0, 1]], [[0, 1, 2], [1, 0]]]),
+     "instance 1: pred and gold are not permutations of each other: pred=[1, 0, 2], gold=[1, 0]"),
+    (lambda: dag_order_metrics([0, 1, 2], "3", [(0, 1)]), "num_steps must be a positive integer, got '3'"),
+    (lambda: dag_order_metrics([0, 1, 2], 3.0, [(0, 1)]), "num_steps must be a positive integer, got 3.0"),
+    (lambda: binary_kappa([0, 1], [0, 1, 1]), "encodings differ in length: 2 vs 3"),
+])
+def test_corpus_and_dag_input_errors_in_full(call, message):
+    """The corpus errors name the instance (0-based) and what is wrong with it."""
+    with pytest.raises(ValueError) as err:
+        call()
+    assert str(err.value) == message
+
+
+def test_a_cyclic_dag_raises_cycle_error_unchanged():
+    """A cycle is not an instance input error: CycleError (a ValueError) comes through as raised, unprefixed."""
+    from seqaware.dag import CycleError
+
+    with pytest.raises(CycleError) as err:
+        corpus_order_metrics([[0, 1]], [[[0, 1]]], dags=[(2, [(0, 1), (1, 0)])])
+    assert str(err.value) == "the dependency graph has a cycle: 0 -> 1 -> 0"
+
+
+def test_dag_metrics_one_step_numpy_sizes_and_edges_none():
+    assert dag_order_metrics([0], 1, []) == {"valid": 1.0, "violated": 0.0, "tau": 1.0}
+    assert dag_order_metrics([2, 1, 0], np.int64(3), [(0, 1)]) == {"valid": 0.0, "violated": 1.0, "tau": -1.0}
+    # (num_steps, None): no edges, no DAG scores for the instance
+    out = corpus_order_metrics([[1, 0]], [[[0, 1]]], dags=[(2, None)])
+    assert not any(k.startswith("dag/") for k in out) and out["tau"] == -1.0
+
+
+def test_corpus_reads_array_references_and_keeps_single_scores_apart():
+    """References given as one array per instance; the selected (second) reference is an exact match while the
+    authored first one is reversed: multi-reference and single-reference scores differ."""
+    out = corpus_order_metrics([np.array([1, 0])], [np.array([[0, 1], [1, 0]])])
+    assert out == {
+        "acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 2.0, "lcstr": 2.0, "tau": 1.0,
+        "single/acc": 0.0, "single/pmr": 0.0, "single/dist": 2.0, "single/lcs": 1.0, "single/lcstr": 1.0, "single/tau": -1.0,
+        "subset_multi/acc": 1.0, "subset_multi/pmr": 1.0, "subset_multi/dist": 0.0, "subset_multi/lcs": 2.0,
+        "subset_multi/lcstr": 2.0, "subset_multi/tau": 1.0, "n": 1.0, "n_single": 0.0, "n_multi": 1.0}
+    # one instance with one reference: the subset_single keys hold its scores (acc 1/3: only 0 in place)
+    single = corpus_order_metrics([[0, 2, 1]], [[[0, 1, 2]]])
+    assert single["subset_single/acc"] == 1 / 3 and single["subset_single/lcs"] == 2.0 and single["n_single"] == 1.0
+
+
+def test_binary_kappa_hand_values_and_conventions():
+    # 1011 vs 1101: p_o = 1/2, q = 3/4 each, p_e = 9/16 + 1/16 = 5/8 -> (1/2 - 5/8) / (3/8) = -1/3
+    assert binary_kappa([1, 0, 1, 1], [1, 1, 0, 1]) == pytest.approx(-1 / 3)
+    assert binary_kappa([1, 0, 1, 1], [1, 1, 0, 1]) == pytest.approx(cohen_kappa_score([1, 0, 1, 1], [1, 1, 0, 1]))
+    assert binary_kappa([1, 0, 0, 0], [1, 0, 0, 0]) == 1.0
+    # constant encodings (p_e = 1): 1.0 when they agree everywhere, else 0.0; empty: 1.0
+    assert binary_kappa([1, 1], [1, 1]) == 1.0 and binary_kappa([0, 0], [0, 0]) == 1.0
+    assert binary_kappa([1, 1], [0, 0]) == 0.0
+    assert binary_kappa([], []) == 1.0
+    assert binary_kappa([1], [0]) == 0.0 and binary_kappa([1], [1]) == 1.0     # one pair: constant encodings
+
+
+def test_ordering_metric_values_are_float64_and_forward_scores_the_batch():
+    """Exact float64 values (1/3 is not a float32 number), torchmetrics options are honoured, and calling the
+    metric returns the batch's scores while adding them to the running sums."""
+    metric = OrderingMetrics(reference_selection="wu2022", sync_on_compute=False)
+    assert metric.sync_on_compute is False and metric.reference_selection == "wu2022"
+    batch = metric([[0, 1, 2]], [[[0, 2, 1]]])          # acc 1/3, tau 1 - 2/3 = 1/3
+    assert batch["acc"].dtype == torch.float64 and float(batch["acc"]) == 1 / 3
+    assert float(batch["tau"]) == pytest.approx(1 / 3, abs=1e-15)
+    metric([[1, 0]], [[[1, 0]]], [(2, [(1, 0)])])
+    total = metric.compute()
+    assert all(v.dtype == torch.float64 and v.ndim == 0 for v in total.values())
+    assert float(total["acc"]) == (1 / 3 + 1) / 2 and float(total["n"]) == 2.0 and float(total["dag/valid"]) == 1.0

@@ -309,6 +309,9 @@ def test_teo_random_and_majority_baselines_by_hand():
     assert rand["consistency_accuracy"] == 0.0 and rand["other_rate"] == 0.0
     assert rand["accuracy_original"] == pytest.approx(1 / 6) and rand["accuracy_swapped"] == pytest.approx(1 / 6)
     assert teo_baselines(original, swapped, seed=1)["random"]["f1_independent"] != pytest.approx(2 / 11)
+    # the seed defaults to 0
+    assert teo_baselines(original, swapped)["random"]["f1_independent"] == pytest.approx(2 / 11)
+    assert teo_rows(original, swapped, {})["random"]["f1_independent"] == pytest.approx(2 / 11)
     # majority: 4 of 6 gold labels are independent in each set -> always independent
     majority = base["majority"]
     assert majority["consistency_independent"] == 1.0 and majority["consistency_dependent"] == 0.0
@@ -543,3 +546,399 @@ def test_initial_threshold_takes_the_chooser_word_or_a_probability_and_names_the
             initial_threshold(bad, "val")
     with pytest.raises(ValueError, match=r"^head\.tau must be 'cv' or a number in \(0, 1\), got 'val'$"):
         initial_threshold("val", "cv", key="head.tau")
+
+
+# ---------------------------------------------------------------- classification helpers, by hand and against sklearn
+def test_per_class_prf_by_hand_with_absent_labels_and_weights():
+    """gold a a b c, pred a b b x: a P 1 R 1/2; b P 1/2 R 1; c never predicted; d neither gold nor
+    predicted -- every undefined ratio is 0.0. Weights 1 2 3 4 turn every count into a weighted sum."""
+    from seqaware.metrics.classification import per_class_prf
+
+    gold, pred = list("aabc"), list("abbx")
+    assert per_class_prf(gold, pred, list("abcd")) == {
+        "a": {"precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3), "support": 2},
+        "b": {"precision": 0.5, "recall": 1.0, "f1": pytest.approx(2 / 3), "support": 1},
+        "c": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1},
+        "d": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0},
+    }
+    # weighted: a tp 1, predicted 1, support 1 + 2; b tp 3, predicted 2 + 3, support 3; c support 4
+    weighted = per_class_prf(gold, pred, list("abc"), weights=[1, 2, 3, 4])
+    assert weighted == {
+        "a": {"precision": 1.0, "recall": pytest.approx(1 / 3), "f1": 0.5, "support": 3},
+        "b": {"precision": 0.6, "recall": 1.0, "f1": 0.75, "support": 3},
+        "c": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 4},
+    }
+    p, r, f, s = precision_recall_fscore_support(gold, pred, labels=list("abc"), sample_weight=[1, 2, 3, 4], zero_division=0)
+    for k, label in enumerate("abc"):
+        assert [weighted[label][key] for key in ("precision", "recall", "f1", "support")] == pytest.approx([p[k], r[k], f[k], s[k]])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: __import__("seqaware.metrics.classification", fromlist=["x"]).per_class_prf(["a"], ["a", "b"], ["a"]),
+     "gold and pred differ in length: 1 vs 2"),
+    (lambda: __import__("seqaware.metrics.classification", fromlist=["x"]).per_class_prf(["a"], ["a"], ["a"], weights=[1, 2]),
+     "weights and gold differ in length: 2 vs 1"),
+    (lambda: __import__("seqaware.metrics.classification", fromlist=["x"]).share_weights(["yes", "no"], 0),
+     "the share of 'yes' must be in (0, 1), got 0"),
+    (lambda: __import__("seqaware.metrics.classification", fromlist=["x"]).share_weights(["DEP", "NONDEP"], 1.0, positive="DEP"),
+     "the share of 'DEP' must be in (0, 1), got 1.0"),
+    (lambda: __import__("seqaware.metrics.classification", fromlist=["x"]).share_weights([], 0.5),
+     "re-weighting needs both 'yes' and other gold labels, got a 'yes' share of 0.0"),
+    (lambda: __import__("seqaware.metrics.classification", fromlist=["x"]).share_weights(["no", "no"], 0.5, positive="no"),
+     "re-weighting needs both 'no' and other gold labels, got a 'no' share of 1.0"),
+    (lambda: choose_threshold(["yes"], [0.1, 0.2]), "gold and scores differ in length: 1 vs 2"),
+    (lambda: choose_threshold([], []), "choose_threshold needs at least one scored question"),
+    (lambda: align_labels(["DEP", "NONDEP"], ["DEP"]), "gold and pred differ in length: 2 vs 1"),
+    (lambda: twin_consistency([1, 1], ["yes"]), "keys and answers differ in length: 2 vs 1"),
+])
+def test_classification_input_errors_in_full(call, message):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert str(err.value) == message
+
+
+def test_classification_report_weighted_by_hand_and_degenerate_label_sets():
+    from seqaware.metrics.classification import classification_report
+
+    report = classification_report(list("aabc"), list("abbx"), list("abc"), weights=[1, 2, 3, 4])
+    # n counts items; accuracy (1 + 3) / 10; the invalid prediction x weighs 4 of 10
+    assert (report["n"], report["accuracy"], report["invalid_rate"]) == (4, 0.4, 0.4)
+    assert report["macro_f1"] == pytest.approx((0.5 + 0.75 + 0) / 3)
+    assert report["weighted_f1"] == pytest.approx((3 * 0.5 + 3 * 0.75 + 4 * 0) / 10)
+    assert report["weighted_precision"] == pytest.approx((3 * 1 + 3 * 0.6) / 10)
+    assert report["weighted_recall"] == pytest.approx((3 / 3 + 3 * 1) / 10)
+    ps, rs, fs, _ = precision_recall_fscore_support(list("aabc"), list("abbx"), labels=list("abc"), average="weighted",
+                                                    sample_weight=[1, 2, 3, 4], zero_division=0)
+    assert (report["weighted_precision"], report["weighted_recall"], report["weighted_f1"]) == pytest.approx((ps, rs, fs))
+    assert report["support_c"] == 4 and report["precision_b"] == 0.6
+    # no gold label among the labels: weighted scores are 0.0, not NaN; accuracy still compares gold and pred
+    outside = classification_report(["x"], ["x"], ["a", "b"])
+    assert outside["accuracy"] == 1.0 and outside["invalid_rate"] == 1.0
+    assert [outside[f"weighted_{k}"] for k in ("precision", "recall", "f1")] == [0.0, 0.0, 0.0]
+    assert [outside[f"macro_{k}"] for k in ("precision", "recall", "f1")] == [0.0, 0.0, 0.0]
+    # no label at all: macro scores are 0.0; no item: accuracy and invalid rate are 0.0
+    no_labels = classification_report(["a"], ["a"], [])
+    assert [no_labels[f"macro_{k}"] for k in ("precision", "recall", "f1")] == [0.0, 0.0, 0.0]
+    empty = classification_report([], [], ["a"])
+    assert (empty["n"], empty["accuracy"], empty["invalid_rate"], empty["weighted_f1"]) == (0, 0.0, 0.0, 0.0)
+    zero_weights = classification_report(["a", "b"], ["a", "x"], ["a", "b"], weights=[0, 0])
+    assert (zero_weights["n"], zero_weights["accuracy"], zero_weights["invalid_rate"]) == (2, 0.0, 0.0)
+
+
+def test_format_table_exact_text():
+    """Percentages with one decimal (or 3 decimals), ints as ints (numpy ints too), None / missing as -."""
+    from seqaware.metrics.classification import format_table
+
+    rows = {"m1": {"a": 0.5, "b": 3, "c": None}, 3: {"a": np.int64(7), "b": 0.12345, "c": True}}
+    columns = [("a", "A"), ("b", "B"), ("c", "C")]
+    assert format_table(rows, columns) == (
+        "| system | A | B | C |\n"
+        "|---|---:|---:|---:|\n"
+        "| m1 | 50.0 | 3 | - |\n"
+        "| 3 | 7 | 12.3 | 100.0 |")
+    assert format_table(rows, columns, percent=False).splitlines()[2:] == ["| m1 | 0.500 | 3 | - |", "| 3 | 7 | 0.123 | 1.000 |"]
+    assert format_table({}, [("a", "A")]) == "| system | A |\n|---|---:|"
+    assert binary_table({"sys": {"accuracy": 0.75, "precision": 1.0, "recall": 0.5, "f1": 2 / 3, "macro_f1": 0.7}}) == (
+        "| system | Acc | P | R | F1 | macro F1 | invalid |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n"
+        "| sys | 75.0 | 100.0 | 50.0 | 66.7 | 70.0 | - |")
+
+
+def test_random_labels_are_seeded_numpy_draws():
+    from seqaware.metrics.classification import random_labels
+
+    # numpy.random.default_rng(0).integers(3, size=12) = 2 1 1 0 0 0 0 0 0 2 1 2
+    labels = ("before", "after", "independent")
+    expected = [labels[i] for i in (2, 1, 1, 0, 0, 0, 0, 0, 0, 2, 1, 2)]
+    assert random_labels(12, labels) == expected and random_labels(12, labels, seed=0) == expected
+    assert random_labels(12, labels, seed=1) != expected
+    assert random_labels(0, labels) == []
+
+
+def test_align_labels_with_mappings_scores_every_gold_id():
+    gold, pred = align_labels({"b": "yes", "a": "no", "c": "yes"}, {"a": "no", "b": "no", "z": "yes"})
+    assert gold == ["yes", "no", "yes"] and pred == ["no", "no", None]
+    assert align_labels(("yes", "no"), iter(["no", "yes"])) == (["yes", "no"], ["no", "yes"])
+
+
+def test_binary_report_rows_and_baselines_by_hand():
+    gold = {"q1": "yes", "q2": "no", "q3": "no", "q4": "no"}
+    pred = {"q1": "yes", "q2": "yes", "q3": "no"}                       # q4 unanswered: wrong, invalid
+    report = binary_report(gold, pred)
+    # yes: tp 1, predicted 2, support 1 -> P 1/2 R 1 F 2/3; no: tp 1, predicted 1, support 3 -> P 1 R 1/3 F 1/2
+    assert (report["precision"], report["recall"], report["f1"]) == pytest.approx((0.5, 1.0, 2 / 3))
+    assert (report["precision_no"], report["recall_no"], report["f1_no"]) == pytest.approx((1.0, 1 / 3, 0.5))
+    assert report["accuracy"] == 0.5 and report["invalid_rate"] == 0.25 and report["macro_f1"] == pytest.approx(7 / 12)
+    # another pair of labels: the positive one's scores are the unsuffixed keys
+    dep = binary_report(["DEP", "NONDEP"], ["DEP", "DEP"], positive="NONDEP", negative="DEP")
+    assert (dep["precision"], dep["recall"], dep["f1"]) == (0.0, 0.0, 0.0) and dep["recall_DEP"] == 1.0
+    rows = __import__("seqaware.metrics.classification", fromlist=["x"]).binary_rows(gold, {"model": pred})
+    assert list(rows) == ["always yes", "always no", "majority (no)", "model"]
+    assert rows["model"] == report
+    assert rows["always no"]["accuracy"] == 0.75 and rows["always no"]["f1"] == 0.0
+    assert rows["majority (no)"] == rows["always no"]
+    assert rows["always yes"]["precision"] == 0.25 and rows["always yes"]["recall"] == 1.0
+    custom = __import__("seqaware.metrics.classification", fromlist=["x"]).binary_rows(
+        ["A", "B", "B"], {"m": ["A", "A", "B"]}, positive="A", negative="B")
+    assert list(custom) == ["always A", "always B", "majority (B)", "m"]
+    assert (custom["m"]["precision"], custom["m"]["recall"], custom["m"]["f1_B"]) == pytest.approx((0.5, 1.0, 2 / 3))
+    named = binary_baselines(["A", "B", "B"], positive="A", negative="B")
+    assert list(named) == ["always A", "always B", "majority (B)"] and named["always A"]["precision"] == pytest.approx(1 / 3)
+
+
+def test_share_weights_by_hand():
+    from seqaware.metrics.classification import share_weights
+
+    # p = 1/4: yes weighs 0.5 / 0.25 = 2, no weighs 0.5 / 0.75 = 2/3; the weights sum to 4
+    assert share_weights(["yes", "no", "no", "no"], 0.5) == pytest.approx([2.0, 2 / 3, 2 / 3, 2 / 3])
+    assert share_weights(["DEP", "NONDEP"], 0.25, positive="DEP") == pytest.approx([0.5, 1.5])
+
+
+def test_twin_consistency_counts_only_pairs_asked_twice():
+    keys = [("p", 0, 1), ("p", 0, 1), ("p", 1, 2), ("p", 1, 2), ("p", 2, 3), ("q", 0, 1), ("q", 0, 1), ("q", 0, 1),
+            ("r", 0, 1), ("r", 0, 1)]
+    answers = ["yes", "yes", "yes", "no", "yes", "no", "no", "no", None, None]
+    # twins: p 0-1 agree, p 1-2 disagree, r 0-1 both missing (no agreement); p 2-3 asked once and q thrice are left out
+    assert twin_consistency(keys, answers) == {"twin_consistency": pytest.approx(1 / 3), "n_twins": 3}
+    assert twin_consistency([], []) == {"twin_consistency": 0.0, "n_twins": 0}
+    assert twin_consistency(["a", "a"], ["no", "no"]) == {"twin_consistency": 1.0, "n_twins": 1}
+
+
+def test_choose_threshold_by_hand():
+    """gold yes yes no no no no, scores .9 .3 .4 .2 .1 .1. Thresholds in (.4, .9] answer only the first yes
+    (accuracy 5/6, F1 yes 2/3, no 8/9); in (.2, .3] the first three (accuracy 5/6, F1 yes 4/5, no 6/7).
+    On ties the grid point closest to 0.5 wins, then the smaller one; a score equal to t answers yes."""
+    gold, scores = ["yes", "yes", "no", "no", "no", "no"], [0.9, 0.3, 0.4, 0.2, 0.1, 0.1]
+    assert choose_threshold(gold, scores) == pytest.approx((0.3, (4 / 5 + 6 / 7) / 2))
+    assert choose_threshold(gold, scores, metric="accuracy") == pytest.approx((0.5, 5 / 6))
+    assert choose_threshold(gold, scores, metric="f1") == pytest.approx((0.3, 0.8))
+    t, value = choose_threshold(gold, scores)
+    assert type(t) is float and type(value) is float
+    # score == t answers yes: only t in (.2, .25] separates, and .25 is the grid point closest to 0.5
+    assert choose_threshold(["no", "no", "yes"], [0.1, 0.2, 0.25]) == (0.25, 1.0)
+    # the default grid runs from 0.05 to 0.95
+    assert choose_threshold(["no", "yes"], [0.94, 0.95]) == (0.95, 1.0)
+    assert choose_threshold(["yes", "no"], [0.05, 0.04]) == (0.05, 1.0)
+    # ... and no further: only 0.96 would separate .955 from .97, so every grid point answers yes twice
+    # (macro F1 (2/3 + 0) / 2) and the tie goes to 0.5
+    assert choose_threshold(["no", "yes"], [0.955, 0.97]) == pytest.approx((0.5, 1 / 3))
+    # equally far from 0.5: the smaller threshold, wherever it is in the grid
+    assert choose_threshold(["no", "yes"], [0.3, 0.7], grid=[0.6, 0.4, 0.2]) == (0.4, 1.0)
+    assert choose_threshold(["no", "yes"], [0.3, 0.7], grid=[0.2, 0.4, 0.6]) == (0.4, 1.0)
+    # other answer words
+    assert choose_threshold(["DEP", "NONDEP"], [0.8, 0.1], positive="DEP", negative="NONDEP", grid=[0.9, 0.5]) == (0.5, 1.0)
+
+
+def test_default_seeds_of_the_random_baselines():
+    """Every ``seed`` defaults to 0 (numpy PCG64). ISO: default_rng(0).integers(2, size=8) = 1 1 1 0 0 0 0 0,
+    i.e. NONDEP x3, DEP x5 against gold DEP x3, NONDEP x5: all wrong (seed 1 gets half right)."""
+    gold = ["DEP"] * 3 + ["NONDEP"] * 5
+    for rows in (iso_baselines(gold), iso_rows(gold, {}), iso_rows(gold, {}, seed=0)):
+        assert rows["random"]["accuracy"] == 0.0 and rows["random"]["recall_NONDEP"] == 0.0
+    assert iso_rows(gold, {}, seed=1)["random"]["accuracy"] == 0.5
+    # COHERENCE: default_rng(0) draws a -> [4, 5, 3], b -> [3, 1, 2, 0].
+    # a vs gold [3, 1, 4]: all 3 pairs discordant -> PM 0; placed gold images 4 (rank 2) then 3 (rank 0) -> 0;
+    # distractor 5 used -> Reject 0, 2 of 3 unused. b vs [2, 0, 1, 3]: 3 concordant, 3 discordant -> PM 1/2;
+    # gold ranks placed 3 2 0 1 -> 1 concordant, 5 discordant -> tau -2/3 -> 1/6.
+    a = {"instance_id": "a", "candidates": [f"c{i}" for i in range(6)], "gold": [3, 1, 4], "distractors": [0, 2, 5]}
+    b = {"instance_id": "b", "candidates": [f"d{i}" for i in range(4)], "gold": [2, 0, 1, 3], "distractors": []}
+    for rows in (coherence_baselines([a, b]), coherence_rows([a, b], {}), coherence_rows([a, b], {}, seed=0)):
+        random = rows["random"]
+        assert random["partial_score"] == pytest.approx(0.25)
+        assert random["partial_score_placement"] == pytest.approx(1 / 12)
+        assert random["reject_accuracy"] == 0.0 and random["reject_fraction"] == pytest.approx(2 / 3)
+    rng = np.random.default_rng(0)
+    drawn = [[int(c) for c in rng.choice(6, size=3, replace=False)], [int(c) for c in rng.choice(4, size=4, replace=False)]]
+    assert coherence_rows([a, b], {})["random"] == coherence_report([a, b], drawn)
+    assert coherence_rows([a, b], {}, seed=1)["random"]["partial_score"] == pytest.approx(2 / 3)
+
+
+def test_iso_rows_pass_the_unparsable_rule_to_the_systems():
+    gold = ["DEP", "DEP", "NONDEP", "NONDEP"]
+    rows = iso_rows(gold, {"model": ["DEP", "other", "NONDEP", "DEP"]}, unparsable="wrong")
+    assert rows["model"]["n_scored"] == 4 and rows["model"]["recall_DEP"] == 0.5 and rows["model"]["accuracy"] == 0.5
+    excluded = iso_rows(gold, {"model": ["DEP", "other", "NONDEP", "DEP"]})["model"]
+    assert excluded["n_scored"] == 3 and excluded["recall_DEP"] == 1.0 and excluded["accuracy"] == pytest.approx(2 / 3)
+    assert list(iso_rows({"x": "DEP", "y": "NONDEP"}, {"m": {"x": "DEP"}})) == [
+        "always DEP", "always NONDEP", "majority (DEP)", "random", "m"]
+
+
+def test_coherence_report_of_no_instances_and_without_distractors():
+    """An empty report has zero rates (never NaN) and no reject numbers; instances without distractors
+    have no reject numbers either (None, not 0)."""
+    assert coherence_report([], {}) == {
+        "n": 0, "exact_match": 0.0, "partial_score": 0.0, "partial_score_placement": 0.0, "reject_accuracy": None,
+        "reject_fraction": None, "num_with_distractors": 0, "invalid_rate": 0.0, "unparsable_rate": 0.0,
+        "by_source": {}, "by_difficulty": {}}
+    inst = {"instance_id": "x", "candidates": ["a", "b", "c"], "gold": [2, 0, 1], "distractors": []}
+    report = coherence_report([inst], [[2, 1, 0]])
+    assert report["reject_accuracy"] is None and report["reject_fraction"] is None and report["num_with_distractors"] == 0
+    assert report["invalid_rate"] == 0.0 and report["unparsable_rate"] == 0.0
+
+
+# ---------------------------------------------------------------- TEO helpers
+@pytest.mark.parametrize("raw, label", [
+    ("before", "before"), (" Before ", "before"), ("AFTER", "after"), ("independent\n", "independent"),
+    ("other", "other"), ("before it", "other"), ("", "other"), (None, "other"), (1, "other"),
+])
+def test_teo_normalize_label(raw, label):
+    from seqaware.metrics.teo import normalize_label
+
+    assert normalize_label(raw) == label
+
+
+def test_teo_label_ids_swaps_and_pair_keys():
+    """The class ids every TEO head uses, the label of a pair shown the other way round, and the key that
+    joins an original pair to its swapped twin (procedure id as a string, steps as sorted ints)."""
+    from seqaware.metrics.teo import OTHER, SWAPPED_LABEL, TEO_LABEL_ID, TEO_LABELS, pair_key
+
+    assert TEO_LABELS == ("before", "after", "independent") and OTHER == "other"
+    assert TEO_LABEL_ID == {"before": 0, "after": 1, "independent": 2}
+    assert SWAPPED_LABEL == {"before": "after", "after": "before", "independent": "independent"}
+    assert pair_key({"procedure_id": 7, "a": "3", "b": 1}) == ("7", 1, 3)
+    assert pair_key({"procedure_id": "p", "a": 0, "b": 2}) == pair_key({"procedure_id": "p", "a": 2, "b": 0}) == ("p", 0, 2)
+
+
+def _three_step_sets():
+    """Procedure r, 3 steps, edge 0->1: original 0-1 before, 0-2 and 1-2 independent; swapped: after, independent x2."""
+    sets = teo_eval_sets([_procedure("r", 3, dag=[(0, 1)])])
+    return sets["original"], sets["swapped"]
+
+
+def test_teo_report_counts_accuracies_and_mismatch_messages_by_hand():
+    original, swapped = _three_step_sets()
+    orig = {"r:0-1": "Before", "r:0-2": "independent", "r:1-2": "after"}
+    swap = {"r:0-1:swapped": "after", "r:0-2:swapped": "before", "r:1-2:swapped": "independent"}
+    report = teo_report(original, swapped, orig, swap)
+    # dependent 0-1: before / after -> consistent; independent 0-2 (indep / before) and 1-2 (after / indep) -> not
+    assert (report["num_pairs"], report["num_dependent"], report["num_independent"]) == (3, 1, 2)
+    assert report["consistency_dependent"] == 1.0 and report["consistency_independent"] == 0.0
+    assert report["consistency_accuracy"] == pytest.approx(1 / 3)
+    assert report["accuracy_original"] == pytest.approx(2 / 3) and report["accuracy_swapped"] == pytest.approx(2 / 3)
+    # before on original and after on swapped: tp 1 of 1 predicted, 1 gold -> 1; independent pooled: tp 2,
+    # predicted 2, gold 4 -> 2/3; on the original only: tp 1, predicted 1, gold 2 -> 2/3
+    assert (report["f1_before"], report["f1_after"]) == (1.0, 1.0)
+    assert report["f1_independent"] == pytest.approx(2 / 3) and report["mateo_f1_independent"] == pytest.approx(2 / 3)
+    assert report["macro_f1"] == pytest.approx(8 / 9) and report["other_rate"] == 0.0
+    # a dependent pair answered after / before (both flipped) is not consistent
+    flipped = teo_report(original, swapped, {"r:0-1": "after"}, {"r:0-1:swapped": "before"})
+    assert flipped["consistency_dependent"] == 0.0 and flipped["other_rate"] == pytest.approx(4 / 6)
+    stranger = teo_eval_sets([_procedure("z", 2, dag=[(0, 1)])])["swapped"][0]
+    for bad_swapped, message in (
+            (swapped[:-1], "original and swapped sets must hold the same pairs, each once"),
+            ([swapped[0], swapped[0], swapped[1]], "original and swapped sets must hold the same pairs, each once"),
+            ([swapped[0], swapped[1], stranger], "original pair ('r', 1, 2) has no swapped counterpart")):
+        with pytest.raises(ValueError) as err:
+            teo_report(original, bad_swapped, orig, swap)
+        assert str(err.value) == message
+    assert teo_report([], [], {}, {})["consistency_accuracy"] == 0.0
+
+
+def test_teo_complete_pairs_and_predicted_pair_rows():
+    """Only pairs seen in both presentations are scored; both lists keep their order."""
+    from seqaware.metrics.teo import complete_pairs, predicted_pair_rows
+
+    original, swapped = _three_step_sets()
+    kept_o, kept_s = complete_pairs(original, [swapped[1], swapped[0]])
+    assert [p["pair_id"] for p in kept_o] == ["r:0-1", "r:0-2"]
+    assert [p["pair_id"] for p in kept_s] == ["r:0-2:swapped", "r:0-1:swapped"]
+    assert complete_pairs(original, []) == ([], [])
+    entries_o = [(p, y) for p, y in zip(original, ["before", "independent", "after"])]
+    entries_s = [(p, y) for p, y in zip(swapped[:2], ["after", "before"])]
+    rows, kept_o, kept_s = predicted_pair_rows(entries_o, entries_s, "model")
+    assert kept_o == entries_o[:2] and kept_s == entries_s
+    assert list(rows) == ["always independent", "majority", "random", "model"]
+    assert rows["model"] == teo_report(original[:2], swapped[:2], {"r:0-1": "before", "r:0-2": "independent"},
+                                       {"r:0-1:swapped": "after", "r:0-2:swapped": "before"})
+    assert rows["model"]["num_pairs"] == 2 and rows["model"]["consistency_accuracy"] == 0.5
+    assert predicted_pair_rows(entries_o, [], "model") == ({}, [], [])
+
+
+def test_teo_table_layout():
+    original, swapped = _three_step_sets()
+    rows = {"m": teo_report(original, swapped, {"r:0-1": "before"}, {"r:0-1:swapped": "after"})}
+    assert teo_table(rows).splitlines() == [
+        "| system | Cons. Acc | Cons. dep | Cons. indep | F1 before | F1 after | F1 indep | F1 indep (orig.) | macro F1 | Other |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| m | 33.3 | 100.0 | 0.0 | 100.0 | 100.0 | 0.0 | 0.0 | 66.7 | 66.7 |"]
+
+
+# ---------------------------------------------------------------- COHERENCE details
+def test_coherence_scores_tuples_numpy_ints_and_one_placed_gold_image():
+    inst = {"instance_id": "x", "candidates": ["a", "b", "c", "d", "e"], "gold": [2, 0, 4], "distractors": [1, 3],
+            "difficulty": "hard", "source": "Science"}
+    assert coherence_scores(inst, (np.int64(2), 0, np.int32(4))) == {
+        "valid": True, "parsed": True, "exact": 1.0, "partial": 1.0, "partial_placement": 1.0, "reject": 1.0,
+        "reject_fraction": 1.0}
+    # [1, 3, 4] vs [2, 0, 4]: (0,1) discordant, (0,2) and (1,2) concordant -> tau 1/3 -> PM 2/3; only one gold
+    # image placed (4): no pair to order, placement falls back to exact (0); both distractors used
+    assert coherence_scores(inst, [1, 3, 4]) == {
+        "valid": True, "parsed": True, "exact": 0.0, "partial": pytest.approx(2 / 3), "partial_placement": 0.0,
+        "reject": 0.0, "reject_fraction": 0.0}
+    # two gold images placed (2 first, 4 last) in gold order: placement 1
+    assert coherence_scores(inst, [2, 1, 4])["partial_placement"] == 1.0
+    no_distractors = {"instance_id": "y", "candidates": ["a", "b"], "gold": [1, 0], "distractors": []}
+    assert coherence_scores(no_distractors, None) == {"valid": False, "parsed": False, "exact": 0.0, "partial": 0.0,
+                                                      "partial_placement": 0.0, "reject": None, "reject_fraction": None}
+    assert coherence_scores(no_distractors, [1, 0]) == {"valid": True, "parsed": True, "exact": 1.0, "partial": 1.0,
+                                                        "partial_placement": 1.0, "reject": None, "reject_fraction": None}
+    assert np.isnan(kendall_tau([1], [1])) and np.isnan(kendall_tau([], []))
+    assert kendall_tau([1, 2], [2, 1]) == -1.0 and kendall_tau([0, 1, 2], [0, 2, 1]) == pytest.approx(1 / 3)
+    # unsigned index arrays (differences must not wrap around)
+    assert kendall_tau(np.array([0, 2, 1], dtype=np.uint8), np.array([0, 1, 2], dtype=np.uint8)) == pytest.approx(1 / 3)
+
+
+def test_coherence_report_by_difficulty_and_table():
+    """Difficulties sorted, a missing one grouped as "None"; the table shows percentages."""
+    inst = {"instance_id": "x", "candidates": ["a", "b", "c", "d", "e"], "gold": [2, 0, 4], "distractors": [1, 3],
+            "difficulty": "hard", "source": "Science"}
+    other = {"instance_id": "y", "candidates": ["a", "b"], "gold": [1, 0], "distractors": []}
+    report = coherence_report([inst, other], {"x": [2, 0, 4], "y": None})
+    assert list(report["by_difficulty"]) == ["None", "hard"]
+    assert report["by_difficulty"]["None"] == {
+        "n": 1, "exact_match": 0.0, "partial_score": 0.0, "partial_score_placement": 0.0, "reject_accuracy": None,
+        "reject_fraction": None, "num_with_distractors": 0, "invalid_rate": 1.0, "unparsable_rate": 1.0}
+    assert list(report["by_source"]) == ["Science"] and report["by_source"]["Science"]["n"] == 1
+    assert (report["exact_match"], report["partial_score_placement"], report["reject_accuracy"]) == (0.5, 0.5, 1.0)
+    assert (report["invalid_rate"], report["unparsable_rate"], report["num_with_distractors"]) == (0.5, 0.5, 1)
+    invalid = coherence_report([inst], [[2, 0, 0]])
+    assert invalid["invalid_rate"] == 1.0 and invalid["unparsable_rate"] == 0.0
+    assert coherence_table({"m": report}) == (
+        "| system | Exact | Partial | Reject | unparsable | invalid |\n"
+        "|---|---:|---:|---:|---:|---:|\n"
+        "| m | 50.0 | 50.0 | 100.0 | 50.0 | 50.0 |")
+
+
+def test_iso_implied_recall_and_rounding_by_hand():
+    """With TP = 1: P_DEP 2/3 -> FP 1/2; R_DEP 1/2 -> FN 1; P_NONDEP 0.6 -> TN 1.5; R_NONDEP = 1.5 / 2 = 3/4.
+    Rates of 0 and 1 are approached, not divided by."""
+    assert implied_nondep_recall(2 / 3, 0.5, 0.6) == pytest.approx(0.75)
+    assert implied_nondep_recall(1.0, 1.0, 1.0) == pytest.approx(1.0, abs=1e-6)
+    assert implied_nondep_recall(0.0, 0.0, 0.0) == pytest.approx(0.0, abs=1e-6)
+    # one decimal (tolerance 0.05): lo = implied(.81, .80, .73) = .7424, hi = implied(.91, .70, .83) = .9549, so a
+    # NONDEP recall of .95 fits exclusion, which it does not with two decimals (test above)
+    check = unparsable_consistency({"p": 0.86, "r": 0.75}, {"p": 0.78, "r": 0.95}, decimals=1)
+    assert check == {"exclude": True, "wrong": True, "implied_recall_NONDEP": pytest.approx((0.7424, 0.9549), abs=1e-4)}
+    # the default is two decimals: .87 lies within .005 of lo = .868 (it would not with three decimals)
+    default = unparsable_consistency({"p": 0.86, "r": 0.75}, {"p": 0.78, "r": 0.87})
+    assert default == unparsable_consistency({"p": 0.86, "r": 0.75}, {"p": 0.78, "r": 0.87}, decimals=2)
+    assert default["exclude"] is True
+    # a NONDEP recall above hi = .889 but within rounding of it (.89 <= hi + .005) fits both rules
+    assert unparsable_consistency({"p": 0.86, "r": 0.75}, {"p": 0.78, "r": 0.89}) == {
+        "exclude": True, "wrong": True, "implied_recall_NONDEP": pytest.approx((0.8683, 0.8890), abs=1e-4)}
+    assert unparsable_consistency({"p": 0.86, "r": 0.75}, {"p": 0.78, "r": 0.87}, decimals=3)["exclude"] is False
+    low = unparsable_consistency({"p": 0.9, "r": 0.8}, {"p": 0.8, "r": 0.6}, decimals=1)
+    assert low["exclude"] is False and low["wrong"] is True
+
+
+def test_iso_report_with_mappings_and_table_layout():
+    # id b has no prediction: unparsable, left out by default
+    report = iso_report({"a": "DEP", "b": "NONDEP", "c": "NONDEP"}, {"a": "DEP", "c": "DEP", "z": "NONDEP"})
+    assert (report["n"], report["n_scored"], report["num_unparsable"]) == (3, 2, 1)
+    assert report["invalid_rate"] == pytest.approx(1 / 3) and report["accuracy"] == 0.5
+    assert (report["precision_DEP"], report["recall_DEP"], report["support_NONDEP"]) == (0.5, 1.0, 1)
+    assert iso_report([], [])["invalid_rate"] == 0.0 and iso_report([], [])["n"] == 0
+    assert iso_table({"m": iso_report(["DEP", "NONDEP"], ["DEP", "x"])}).splitlines() == [
+        "| system | Acc | P DEP | R DEP | F1 DEP | P NONDEP | R NONDEP | F1 NONDEP | macro P | macro R | macro F1 | unparsable |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| m | 100.0 | 100.0 | 100.0 | 100.0 | 0.0 | 0.0 | 0.0 | 50.0 | 50.0 | 50.0 | 50.0 |"]

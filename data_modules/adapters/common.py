@@ -147,7 +147,8 @@ def iter_json_records(path: Path, log: ProblemLog, list_keys: Sequence[str] = ("
     """``(line or position, record)`` of a JSON-lines file or a JSON document.
 
     The file is JSON lines when its first non-blank line is a complete JSON value by itself (and
-    not an object holding the record list under one of ``list_keys``); JSON lines are streamed,
+    neither a list nor an object holding the record list under one of ``list_keys``: a document
+    written on one line, as ``json.dump`` writes it, is a document); JSON lines are streamed,
     so large releases are never held in memory whole. A line that is not valid JSON is logged as
     a problem (field ``json``) and skipped, so every bad line is reported at once. Text must be
     UTF-8: undecodable bytes are reported against the field holding them (never replaced).
@@ -166,7 +167,7 @@ def iter_json_records(path: Path, log: ProblemLog, list_keys: Sequence[str] = ("
         return
     try:
         head = json.loads(first)
-        lines = not (isinstance(head, dict) and any(isinstance(head.get(k), list) for k in list_keys))
+        lines = not (isinstance(head, list) or (isinstance(head, dict) and any(isinstance(head.get(k), list) for k in list_keys)))
     except json.JSONDecodeError:
         lines = False
     if lines:

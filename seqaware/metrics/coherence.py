@@ -74,9 +74,8 @@ def is_valid_prediction(pred: Any, num_placeholders: int, num_candidates: int) -
 
 
 def _rescaled_tau(x: Sequence[float], y: Sequence[float]) -> float:
-    """``(tau + 1) / 2`` (§4.1); NaN for fewer than two items."""
-    tau = kendall_tau(x, y)
-    return float("nan") if np.isnan(tau) else (tau + 1) / 2
+    """``(tau + 1) / 2`` (§4.1); NaN for fewer than two items (the NaN of :func:`kendall_tau` carries through)."""
+    return (kendall_tau(x, y) + 1) / 2
 
 
 def coherence_scores(instance: Mapping[str, Any], pred: Any) -> dict[str, Any]:
@@ -94,8 +93,8 @@ def coherence_scores(instance: Mapping[str, Any], pred: Any) -> dict[str, Any]:
     partial = _rescaled_tau(pred, gold) if len(gold) >= 2 else exact
     gold_rank = {c: i for i, c in enumerate(gold)}
     placed = [(i, gold_rank[c]) for i, c in enumerate(pred) if c in gold_rank]
-    placement = _rescaled_tau([i for i, _ in placed], [r for _, r in placed]) if len(placed) >= 2 else float("nan")
-    if np.isnan(placement):
+    placement = _rescaled_tau([i for i, _ in placed], [r for _, r in placed])
+    if np.isnan(placement):  # fewer than two gold images placed: no pair to order
         placement = exact
     reject = reject_fraction = None
     if distractors:
