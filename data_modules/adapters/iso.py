@@ -70,6 +70,17 @@ def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str]
         record, path, line, fmap, label_map, split, store, unreadable_image, url_root, seen, log, result))
 
 
+def _positive_int(value: Any) -> int | None:
+    """``value`` as a positive integer (an int, an integral float or a string of digits), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_map: dict[str, str], split: str,
               store: ImageStore, policy: str, url_root: str | None, seen: dict[str, str], log: ProblemLog,
               result: AdapterResult) -> dict[str, Any] | None:
@@ -94,6 +105,8 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_ma
     goal = value["goal"]
     if goal is not None and (not isinstance(goal, str) or not goal.strip()):
         log.add(path, line, iid, fmap["goal"], "must be a non-empty string")
+    if value["k"] is not None and _positive_int(value["k"]) is None:
+        log.add(path, line, iid, fmap["k"], f"k {value['k']!r} is not a positive integer")
     if iid in seen:
         log.add(path, line, iid, fmap["id"], f"duplicate id (first seen at {seen[iid]})")
     seen.setdefault(iid, f"{path}:{line}")
@@ -115,7 +128,7 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_ma
         "split": inst_split,
         "goal": None if goal is None else goal.strip(),
         "task": task,
-        "k": int(value["k"]) if value["k"] is not None else len(snippet),
+        "k": _positive_int(value["k"]) if value["k"] is not None else len(snippet),
         "snippet_steps": None,
         "snippet": list(snippet),
         "candidate_step": None,
