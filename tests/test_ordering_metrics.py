@@ -567,3 +567,16 @@ def test_ordering_metric_values_are_float64_and_forward_scores_the_batch():
     total = metric.compute()
     assert all(v.dtype == torch.float64 and v.ndim == 0 for v in total.values())
     assert float(total["acc"]) == (1 / 3 + 1) / 2 and float(total["n"]) == 2.0 and float(total["dag/valid"]) == 1.0
+
+
+def test_subset_multi_averages_over_every_multi_reference_instance():
+    """The ``subset_multi`` scores are the mean over the instances with several references (here two),
+    each scored against the reference it selects; ``subset_single`` over the rest."""
+    preds = [[0, 1, 2], [2, 1, 0], [1, 0, 2]]
+    refs = [[[0, 1, 2], [1, 0, 2]], [[0, 1, 2], [0, 2, 1]], [[1, 0, 2]]]
+    out = corpus_order_metrics(preds, refs)
+    assert out["n_multi"] == 2.0
+    first, second = order_metrics([0, 1, 2], [0, 1, 2]), order_metrics([2, 1, 0], [0, 1, 2])   # the selected references
+    for key in ORDER_KEYS:
+        assert out[f"subset_multi/{key}"] == pytest.approx((first[key] + second[key]) / 2)
+        assert out[f"subset_single/{key}"] == pytest.approx(order_metrics([1, 0, 2], [1, 0, 2])[key])

@@ -942,3 +942,26 @@ def test_iso_report_with_mappings_and_table_layout():
         "| system | Acc | P DEP | R DEP | F1 DEP | P NONDEP | R NONDEP | F1 NONDEP | macro P | macro R | macro F1 | unparsable |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         "| m | 100.0 | 100.0 | 100.0 | 100.0 | 0.0 | 0.0 | 0.0 | 50.0 | 50.0 | 50.0 | 50.0 |"]
+
+
+def test_binary_baselines_score_with_the_callers_own_labels():
+    gold = ["a", "b", "b"]
+    rows = binary_baselines(gold, positive="a", negative="b")
+    assert list(rows) == ["always a", "always b", "majority (b)"]
+    assert rows["always a"] == binary_report(gold, ["a"] * 3, "a", "b")
+    assert rows["always b"] == binary_report(gold, ["b"] * 3, "a", "b")
+    assert rows["majority (b)"] == rows["always b"]
+    assert rows["always a"]["f1"] == 0.5 and rows["always b"]["f1_b"] == 0.8
+
+
+def test_align_labels_refuses_a_sequence_against_a_mapping():
+    with pytest.raises(TypeError) as err:
+        align_labels({"q1": "yes"}, ["yes"])
+    assert str(err.value) == "gold is a mapping, so pred must be a mapping keyed by the same ids"
+
+
+def test_teo_rows_random_baseline_follows_the_seed():
+    original, swapped = _fixed_teo_sets()
+    assert teo_baselines(original, swapped, 0)["random"] != teo_baselines(original, swapped, 5)["random"]
+    assert teo_rows(original, swapped, {})["random"] == teo_baselines(original, swapped, 0)["random"]
+    assert teo_rows(original, swapped, {}, seed=5)["random"] == teo_baselines(original, swapped, 5)["random"]
