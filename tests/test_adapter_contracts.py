@@ -23,17 +23,6 @@ def png(path: Path, color=RED, size=(8, 6)) -> Path:
     return path
 
 
-def jsonl(path: Path, records) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
-
-
-def mean_color(path: Path) -> tuple[int, ...]:
-    with Image.open(path) as img:
-        return tuple(int(v) for v in np.asarray(img.convert("RGB")).reshape(-1, 3).mean(0).round())
-
-
 def problem_lines(excinfo) -> list[str]:
     """The problem lines of a ProcedureFormatError, after checking the count in its header."""
     header, *lines = str(excinfo.value).split("\n")
@@ -561,10 +550,11 @@ def test_image_store_without_output_folder(tmp_path):
 
 
 # ---------------------------------------------------------------- prepared folders (prepare)
-from data_modules.adapters.prepare import build_task, prepare_dataset  # noqa: E402
+from data_modules.adapters.prepare import build_task  # noqa: E402
 from data_modules.tasks.coherence import coherence_instances  # noqa: E402
 from data_modules.tasks.iso import iso_instances  # noqa: E402
 from data_modules.tasks.teo import teo_eval_sets  # noqa: E402
+from adapter_helpers import jsonl, mean_color
 
 
 def imaged(pid, n, dag, split):

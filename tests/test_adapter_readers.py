@@ -7,12 +7,12 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
 from data_modules.adapters import AdapterOptionError, run_adapter
 from seqaware.procedure import ProcedureFormatError
+from adapter_helpers import jsonl, mean_color
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
@@ -22,17 +22,6 @@ def png(path: Path, color=RED) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (8, 6), color).save(path, format="PNG")
     return path
-
-
-def jsonl(path: Path, records) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
-
-
-def mean_color(path: Path) -> tuple[int, ...]:
-    with Image.open(path) as img:
-        return tuple(int(v) for v in np.asarray(img.convert("RGB")).reshape(-1, 3).mean(0).round())
 
 
 def problems(excinfo) -> list[str]:

@@ -19,6 +19,7 @@ from seqaware import dag as dag_utils
 from seqaware.metrics.coherence import coherence_report
 from seqaware.metrics.iso import iso_report
 from seqaware.procedure import ProcedureFormatError, read_procedures, write_procedures
+from adapter_helpers import jsonl, mean_color
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
@@ -47,17 +48,6 @@ def png_bytes(color=BLUE) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (4, 4), color).save(buf, format="PNG")
     return buf.getvalue()
-
-
-def jsonl(path: Path, records) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
-
-
-def mean_color(path: Path) -> tuple[int, ...]:
-    with Image.open(path) as img:
-        return tuple(int(v) for v in np.asarray(img.convert("RGB")).reshape(-1, 3).mean(0).round())
 
 
 def errors_of(excinfo) -> str:

@@ -5,7 +5,6 @@ Every case is a small synthetic export written to tmp_path; problems are checked
 """
 from __future__ import annotations
 
-import io
 import json
 import sys
 import types
@@ -17,6 +16,7 @@ from PIL import Image
 
 from data_modules.adapters import AdapterOptionError, run_adapter
 from seqaware.procedure import ProcedureFormatError
+from adapter_helpers import jsonl
 
 
 # ---------------------------------------------------------------- helpers
@@ -27,12 +27,6 @@ def recipe(rid, n=2, **extra):
     row = {"id": rid, "title_eng": f"Recipe {rid}", "title_it": f"Ricetta {rid}", "steps": steps}
     row.update(extra)
     return row
-
-
-def jsonl(path: Path, records) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
 
 
 def problems(src, **options) -> list[str]:
