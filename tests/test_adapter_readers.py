@@ -140,7 +140,7 @@ def test_iso_valid_tasks_and_splits_are_accepted(tmp_path):
         ("before", "train"), ("after", "test-human"), ("before", "val"), ("after", "val")]
 
 
-@pytest.mark.parametrize("k, expected", [(2, 2), (3.0, 3), (" 4 ", 4), ("12", 12), (None, 1)])
+@pytest.mark.parametrize("k, expected", [(1, 1), (2, 2), (3.0, 3), (" 4 ", 4), ("12", 12), (None, 1)])
 def test_iso_k_is_a_positive_integer_defaulting_to_the_snippet_length(tmp_path, k, expected):
     png(tmp_path / "i.png")
     result = run_adapter("iso", jsonl(tmp_path / "x.jsonl", [{**ISO_OK, "len": k}]), None, fields=ISO_FIELDS)
