@@ -105,7 +105,8 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_ma
     goal = value["goal"]
     if goal is not None and (not isinstance(goal, str) or not goal.strip()):
         log.add(path, line, iid, fmap["goal"], "must be a non-empty string")
-    if value["k"] is not None and _positive_int(value["k"]) is None:
+    k = None if value["k"] is None else _positive_int(value["k"])
+    if value["k"] is not None and k is None:
         log.add(path, line, iid, fmap["k"], f"k {value['k']!r} is not a positive integer")
     if iid in seen:
         log.add(path, line, iid, fmap["id"], f"duplicate id (first seen at {seen[iid]})")
@@ -128,7 +129,7 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_ma
         "split": inst_split,
         "goal": None if goal is None else goal.strip(),
         "task": task,
-        "k": _positive_int(value["k"]) if value["k"] is not None else len(snippet),
+        "k": len(snippet) if value["k"] is None else k,
         "snippet_steps": None,
         "snippet": list(snippet),
         "candidate_step": None,
