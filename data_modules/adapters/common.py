@@ -194,13 +194,12 @@ def iter_json_records(path: Path, log: ProblemLog, list_keys: Sequence[str] = ("
     except json.JSONDecodeError as err:
         log.add(path, err.lineno, "?", "json", f"not valid JSON: {err.msg} (column {err.colno})")
         return
+    # doc is a list or an object: a scalar document cannot get here (no JSON scalar spans two lines, so its
+    # first line would have parsed and the file been read as JSON lines)
     records = doc
     if isinstance(doc, dict):
         key = next((k for k in list_keys if isinstance(doc.get(k), list)), None)
         records = [doc] if key is None else doc[key]
-    if not isinstance(records, list):
-        log.add(path, 1, "?", "json", f"expected records (a list or JSON lines), got {type(records).__name__}")
-        return
     yield from enumerate(records, start=1)
 
 
