@@ -298,7 +298,7 @@ def check_row(spec: TableSpec, row: Any, where: str) -> tuple:
     values = {g for g, _ in spec.groups} if spec.groups else {m.key for m in spec.metrics}
     unknown = sorted(set(row) - labels - values - set(ROW_EXTRAS))
     if unknown:
-        allowed = ", ".join([*labels, *sorted(values), *ROW_EXTRAS])
+        allowed = ", ".join([*(label.key for label in spec.labels), *sorted(values), *ROW_EXTRAS])  # a stable order
         raise SystemExit(f"{where}: unknown field(s) {unknown}; allowed: {allowed}")
     key = []
     for label in spec.labels:
