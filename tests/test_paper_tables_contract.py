@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from tests.test_paper_tables import _iso_row, _one_table, _write, _wu_row, pt
+from test_paper_tables import _iso_row, _one_table, _write, _wu_row, pt
 
 PAPERS = "catbench, coherence, iso_bench, mateo, wu2022"
 ISO = "iso_bench Table 1"

@@ -1,7 +1,7 @@
 """The closure head's model selection as a user sees it: the decision rule of the fold scores, the
 out-of-fold threshold (every repetition, the configured metric), the run's seed, what ``setup`` encodes,
-the refusals of the cross-validation, checkpoints from before blends, and the CaT-Bench tables logged at
-test end (builders: tests/test_teo_selection.py)."""
+checkpoints from before blends, and the CaT-Bench tables logged at test end (builders and the refusals:
+tests/test_teo_selection.py)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -102,26 +102,6 @@ def test_setup_encodes_the_grid_features_only_when_it_cross_validates(monkeypatc
     world.model.setup("fit")
     assert world.requested == requested
     assert world.model.baseline == "lr"
-
-
-# ---------------------------------------------------------------- refusals
-@pytest.mark.parametrize("trainer, kwargs, message", [
-    (SimpleTrainer(batch_size=4), {}, "model selection by cross-validation trains every plan in one batch, as the fit "
-                                      "must: set data.batch_size=null"),
-    (SimpleTrainer(max_epochs=0), {}, "model selection by cross-validation trains for the fit's steps: set "
-                                      "trainer.max_epochs > 0"),
-    (SimpleTrainer(max_epochs=None), {}, "model selection by cross-validation trains for the fit's steps: set "
-                                         "trainer.max_epochs > 0"),
-    (SimpleTrainer(), {"cv_grid": [{"dropout": 0.5}, {"dropout": 0.5}]},
-     "model.cv_grid repeats a setting: ['dropout=0.5', 'dropout=0.5']"),
-])
-def test_cross_validation_refusals_are_exact(monkeypatch, tmp_path, trainer, kwargs, message):
-    world = CvWorld(monkeypatch, tmp_path, **kwargs)
-    world.model.trainer = trainer
-    with pytest.raises(ValueError) as err:
-        world.model.setup("fit")
-    assert str(err.value) == message
-    assert world.fits == []
 
 
 def test_a_data_module_without_a_batch_size_is_cross_validated(monkeypatch, tmp_path):

@@ -637,7 +637,8 @@ def test_setup_without_a_grid_fits_the_baseline_only(monkeypatch, tmp_path):
                                       "must: set data.batch_size=null"),
     (SimpleTrainer(max_epochs=0), {}, "model selection by cross-validation trains for the fit's steps: set "
                                       "trainer.max_epochs > 0"),
-    (SimpleTrainer(max_epochs=None), {}, "trainer.max_epochs > 0"),
+    (SimpleTrainer(max_epochs=None), {}, "model selection by cross-validation trains for the fit's steps: set "
+                                         "trainer.max_epochs > 0"),
     (SimpleTrainer(), {"cv_grid": [{"dropout": 0.5}, {"dropout": 0.5}]},
      "model.cv_grid repeats a setting: ['dropout=0.5', 'dropout=0.5']"),
 ])
@@ -646,7 +647,7 @@ def test_cross_validation_refuses_what_it_cannot_do(monkeypatch, tmp_path, train
     world.model.trainer = trainer
     with pytest.raises(ValueError) as err:
         world.model.setup("fit")
-    assert message in str(err.value)
+    assert str(err.value) == message
     assert world.fits == []
 
 
