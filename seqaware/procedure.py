@@ -326,7 +326,8 @@ def decode_json_line(raw: bytes) -> tuple[Any, list[tuple[str, str]]]:
     field that holds them (``steps[1].text: not valid UTF-8 ...``); the record is still parsed
     so the message can name its id. ``record`` is None when the line is not valid JSON.
     """
-    text = raw.decode("utf-8", errors="surrogateescape")
+    # without its line ending: a line cut short is then reported at its end, not at column 1 of a next line
+    text = raw.decode("utf-8", errors="surrogateescape").rstrip("\r\n")
     try:
         record = json.loads(text)
     except json.JSONDecodeError as err:

@@ -123,6 +123,17 @@ def test_duplicate_id_and_bad_json(folder):
     assert any(line.startswith(f"{path}:3: p1: id: duplicate id (first seen at {path}:1)") for line in lines)
 
 
+@pytest.mark.parametrize("ending", ["\n", "\r\n", ""])
+def test_a_line_cut_short_is_reported_at_its_end(folder, ending):
+    """A record cut off mid-line (an interrupted write) names the column after its last character, whatever the
+    line ending, not column 1 of a line that does not exist."""
+    path = folder / "cut.jsonl"
+    path.write_bytes(b'{"id": "p1", "steps": [' + ending.encode())
+    with pytest.raises(ProcedureFormatError) as err:
+        read_procedures(path)
+    assert [str(p) for p in err.value.problems] == [f"{path}:1: ?: json: not valid JSON: Expecting value (column 24)"]
+
+
 def _script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "validate_procedures.py"), *args],
                           capture_output=True, text=True, timeout=120)
