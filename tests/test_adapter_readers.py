@@ -504,8 +504,9 @@ def test_roc_adapter_options_split_max_stories_and_bad_lines(tmp_path):
     assert [p.id for p in one.splits["train"]] == ["train-1", "train-3"]
     with pytest.raises(ProcedureFormatError) as excinfo:
         run_adapter("roc", src, None, bad_lines="error")
-    assert problems(excinfo) == [   # the first bad file (in name order) stops the conversion
-        f"{src / 'dev.tsv'}:2: dev-2: steps: a story needs at least 2 sentences separated by ' <eos> ', got 1"]
+    assert problems(excinfo) == [   # every bad line of every file, in file-name order
+        f"{src / 'dev.tsv'}:2: dev-2: steps: a story needs at least 2 sentences separated by ' <eos> ', got 1",
+        f"{src / 'train.tsv'}:2: train-2: steps: sentence 1 is empty"]
     with pytest.raises(AdapterOptionError) as excinfo:
         run_adapter("roc", src, None, bad_lines="warn")
     assert str(excinfo.value) == "option bad_lines='warn': expected one of ['error', 'skip']"

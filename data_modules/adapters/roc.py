@@ -29,7 +29,7 @@ from data_modules.adapters.common import (
     iter_files,
     split_from_name,
 )
-from seqaware.procedure import Procedure, Step
+from seqaware.procedure import Problem, Procedure, ProcedureFormatError, Step
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +162,20 @@ def convert(src: Path, out_images: Path | None = None, split: str | None = None,
     files = iter_files(src, (".tsv",))
     if not files:
         raise FileNotFoundError(f"roc: no .tsv files in {src}")
+    problems: list[Problem] = []   # with bad_lines=error: every bad line of every file, reported together
     for path in files:
         name = split or split_from_name(path.stem)
         if name is None:
             raise AdapterOptionError(f"roc: cannot tell the split of {path} from its name; set option split=...")
         skipped_before = result.dropped["bad line"]
-        procedures = read_roc(path, name, bad_lines=bad_lines, max_stories=max_stories, dropped=result.dropped)
+        try:
+            procedures = read_roc(path, name, bad_lines=bad_lines, max_stories=max_stories, dropped=result.dropped)
+        except ProcedureFormatError as err:
+            problems += err.problems
+            continue
         result.records_read[path.name] += len(procedures) + result.dropped["bad line"] - skipped_before
         for procedure in procedures:
             result.add(procedure)
+    if problems:
+        raise ProcedureFormatError(problems)
     return result
