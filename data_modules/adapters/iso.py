@@ -105,7 +105,7 @@ def _instance(record: Any, path: Path, line: int, fmap: dict[str, str], label_ma
     goal = value["goal"]
     if goal is not None and (not isinstance(goal, str) or not goal.strip()):
         log.add(path, line, iid, fmap["goal"], "must be a non-empty string")
-    k = None if value["k"] is None else _positive_int(value["k"])
+    k = _positive_int(value["k"])   # None for a missing k too
     if value["k"] is not None and k is None:
         log.add(path, line, iid, fmap["k"], f"k {value['k']!r} is not a positive integer")
     if iid in seen:
