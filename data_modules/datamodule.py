@@ -54,6 +54,9 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
             Lengths are measured once, on each instance as epoch 0 draws it (exact for the sequencing
             view, whose steps only change order; a proxy for pretraining sub-sequences).
         bucket_factor: batches per sorting window of the bucketing sampler.
+        reshuffle_train: sequencing: a new permutation of each training procedure's steps every epoch
+            (default); False: one per procedure, drawn once from ``(seed, id)`` and kept for every epoch
+            (BERSON's release shuffles each story once when it builds its features).
     """
 
     def __init__(self, source: Callable[[], dict[str, list[Procedure]]], task: str = "sequencing",
@@ -63,7 +66,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
                  allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None,
                  bucket_by_length: bool = False, bucket_factor: int = 50,
-                 extra_train_paths: Sequence[str] | None = None):
+                 extra_train_paths: Sequence[str] | None = None, reshuffle_train: bool = True):
         super().__init__()
         if task not in TASKS:
             raise ValueError(f"data.task must be one of {TASKS}, got {task!r}")
@@ -90,6 +93,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         self.verify_images = verify_images
         self.image_check_cache = image_check_cache
         self.image_check_counts: dict[str, int] = {}
+        self.reshuffle_train = bool(reshuffle_train)
         self.bucket_by_length = bool(bucket_by_length)
         self.bucket_factor = int(bucket_factor)
         self._train_lengths: list[int] | None = None
@@ -125,7 +129,8 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
     def _view(self, split: str, procedures: list[Procedure]):
         kwargs = dict(self.view_kwargs)
         if self.task == "sequencing":
-            return SequencingView(procedures, seed=self.seed, reshuffle=(split == "train"), name=f"{split} sequencing", **kwargs)
+            return SequencingView(procedures, seed=self.seed, reshuffle=(split == "train" and self.reshuffle_train),
+                                  name=f"{split} sequencing", **kwargs)
         kwargs.pop("too_long", None)
         kwargs.pop("reference_limit", None)
         return PretrainingView(procedures, seed=self.seed, name=f"{split} pretraining", **kwargs)

@@ -10,6 +10,7 @@ import torch
 from decoders import PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, pair_index
 from decoders.exact import MAX_EXACT_STEPS, exact_order, exact_order_single
+from seqaware.modules.berson import state_rows
 from seqaware.modules.sequencing import pairwise_targets, reference_targets
 
 H = 32
@@ -65,8 +66,7 @@ def test_pointer_decoders_return_permutations_and_width_one_beam_is_greedy(decod
 def _sequence_log_prob(decoder, state, b, order):
     gold = torch.full((1, state.step_mask.shape[1]), -1)
     gold[0, : len(order)] = torch.tensor(order)
-    sub = type(state)(*(t[b: b + 1] for t in (state.context, state.paragraph, state.relations,
-                                                state.pair_logits, state.step_mask)))
+    sub = state_rows(state, torch.tensor([b]))
     logp = decoder.pointer_log_probs(sub, gold)[0]
     return float(sum(logp[t, order[t]] for t in range(len(order))))
 

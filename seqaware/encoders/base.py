@@ -31,7 +31,7 @@ def plain_config(cfg: Optional[Mapping]) -> dict[str, Any]:
 
 
 def pack_steps(input_ids: torch.Tensor, attention_mask: torch.Tensor, step_mask: Optional[torch.Tensor],
-               cls_id: int, pad_id: int) -> dict[str, torch.Tensor]:
+               cls_id: int, pad_id: int, pair_sep_id: Optional[int] = None) -> dict[str, torch.Tensor]:
     """Concatenate per-step tokenisations into one sequence ``[CLS] s_0 [SEP] s_1 [SEP] ...``.
 
     Args:
@@ -41,7 +41,8 @@ def pack_steps(input_ids: torch.Tensor, attention_mask: torch.Tensor, step_mask:
         cls_id, pad_id: the tokenizer's CLS (or BOS) and PAD ids.
 
     Each step contributes its tokens without its leading CLS; its closing SEP is kept as the
-    separator.  Returns ``input_ids``, ``attention_mask`` (B, T) long and ``text_step`` (B, T):
+    separator.  ``pair_sep_id`` (RoBERTa / MPNet pairs, ``<s> a </s></s> b </s>``): every step after the
+    first opens with that separator instead of dropping its CLS.  Returns ``input_ids``, ``attention_mask`` (B, T) long and ``text_step`` (B, T):
     the step index of each text token, -1 for CLS, separators and padding.  T = 1 + the longest
     packed instance.  Vectorised: one scatter, no Python loop over samples or steps.
     """
@@ -52,6 +53,12 @@ def pack_steps(input_ids: torch.Tensor, attention_mask: torch.Tensor, step_mask:
         real = real & step_mask.bool()[:, :, None]
     pos = torch.arange(L, device=device)
     keep = real & (pos > 0)                                   # drop each step's own CLS
+    opener = None
+    if pair_sep_id is not None:                               # ... or turn it into the pair's second separator
+        later = (torch.arange(S, device=device) > 0)[None, :, None]
+        opener = real & (pos == 0) & later
+        keep = keep | opener
+        input_ids = torch.where(opener, torch.full_like(input_ids, pair_sep_id), input_ids)
     lengths = real.sum(-1)                                    # (B, S)
     is_sep = pos[None, None, :] == (lengths - 1)[:, :, None]  # the last real token of each step
     flat_keep = keep.reshape(B, S * L)
@@ -63,7 +70,8 @@ def pack_steps(input_ids: torch.Tensor, attention_mask: torch.Tensor, step_mask:
     out_ids[:, 0] = cls_id
     out_mask[:, 0] = 1
     steps = torch.arange(S, device=device)[None, :, None].expand(B, S, L)
-    token_step = torch.where(is_sep, torch.full_like(steps, -1), steps).reshape(B, S * L)
+    separator = is_sep if opener is None else is_sep | opener
+    token_step = torch.where(separator, torch.full_like(steps, -1), steps).reshape(B, S * L)
     dest = torch.where(flat_keep, dest, torch.zeros_like(dest))  # dropped tokens go to slot 0 ...
     rows = torch.arange(B, device=device)[:, None].expand(B, S * L)
     sel = flat_keep

@@ -107,7 +107,8 @@ class SingleStreamEncoder(SequenceEncoder):
                                attn_implementation=attn_implementation,
                                gradient_checkpointing=gradient_checkpointing)
         self.backbone = text_enc.backbone
-        for attr in ("cls_token_id", "pad_token_id", "mask_token_id", "special_token_ids", "vocab_size", "hidden_size"):
+        for attr in ("cls_token_id", "pad_token_id", "mask_token_id", "special_token_ids", "pair_sep_id", "vocab_size",
+                     "hidden_size"):
             setattr(self, attr, getattr(text_enc, attr))
         hf_cfg = self.backbone.config
         H = self.hidden_size

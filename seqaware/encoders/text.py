@@ -57,7 +57,12 @@ def special_token_ids(tokenizer) -> dict[str, int | list[int]]:
     cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
     if cls_id is None or tokenizer.pad_token_id is None:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} needs a CLS (or BOS) and a PAD token")
-    return {"cls_token_id": int(cls_id), "pad_token_id": int(tokenizer.pad_token_id),
+    # how the tokenizer packs a pair: [CLS] a [SEP] b [SEP] (BERT) or <s> a </s></s> b </s> (RoBERTa, MPNet)
+    single = list(tokenizer("a")["input_ids"])                      # [CLS] a [SEP]
+    pair = list(tokenizer("a", "b")["input_ids"])
+    end = len(single) - 1                                           # where a's separator sits in the pair
+    pair_sep = int(single[-1]) if pair[end:end + 2] == [single[-1]] * 2 else None
+    return {"cls_token_id": int(cls_id), "pad_token_id": int(tokenizer.pad_token_id), "pair_sep_id": pair_sep,
             "mask_token_id": int(tokenizer.mask_token_id) if tokenizer.mask_token_id is not None else -1,
             "special_token_ids": sorted(int(i) for i in tokenizer.all_special_ids)}
 
@@ -106,6 +111,7 @@ class TextEncoder(SequenceEncoder):
         self.pad_token_id = ids["pad_token_id"]
         self.mask_token_id = ids["mask_token_id"]
         self.special_token_ids = ids["special_token_ids"]
+        self.pair_sep_id = ids["pair_sep_id"]   # None: BERT's pair format; else a second separator opens step b
         self.vocab_size = int(self.backbone.config.vocab_size)
         if len(tok) > self.vocab_size:
             raise ValueError(f"the tokenizer {tokenizer or name_or_path!r} has {len(tok)} tokens but the "

@@ -25,7 +25,9 @@ metrics score it.  ``model.pair_encoding`` chooses how the pair states are obtai
 Pairs (``pairwise``).  For an instance with n steps the n(n-1) ordered pairs (i, j) are built with
 index tensors (no Python loop over pairs) and encoded in chunks of ``pair_chunk`` pairs, so a 20-step procedure
 (380 pairs) fits in memory; ``checkpoint_chunks`` recomputes each chunk's activations in backward.
-Text: ``[CLS] step_i [SEP] step_j [SEP]``.  Images: the visual backbone runs once per step image
+Text: the tokenizer's pair format, ``[CLS] step_i [SEP] step_j [SEP]`` (BERT: token types 0 then 1) or
+``<s> step_i </s></s> step_j </s>`` (RoBERTa, MPNet: :attr:`seqaware.encoders.text.TextEncoder.pair_sep_id`).
+``model.decoder.sep_in_pools`` (BERSON's release) pools each step's closing separator(s) with its tokens.  Images: the visual backbone runs once per step image
 and the pair gathers the two steps' visual tokens, so the segment of step i inside a pair is its
 text tokens plus its image tokens -- exactly what the hierarchical attention pools.
 """
@@ -185,7 +187,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
     def _encode_chunk(self, input_ids, attention_mask, visual_feats, visual_mask, patch_mask):
         fusion: dict[str, torch.Tensor] = {}
         if input_ids is not None:
-            fusion.update(pack_steps(input_ids, attention_mask, None, self.encoder.cls_token_id, self.encoder.pad_token_id))
+            fusion.update(pack_steps(input_ids, attention_mask, None, self.encoder.cls_token_id, self.encoder.pad_token_id,
+                                     pair_sep_id=getattr(self.encoder, "pair_sep_id", None)))
             if self.encoder.modality == "text":
                 # BERT sentence-pair segments: type 0 for [CLS] step_i [SEP], type 1 for step_j [SEP]
                 # (single-stream multimodal encoders use token types for the modality instead)
@@ -198,7 +201,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         states, segments = [], []
         if out.text_states is not None:
             states.append(out.text_states)
-            segments.append(fusion["text_step"])
+            segments.append(with_separators(fusion) if self.decoder.sep_in_pools else fusion["text_step"])
         if out.patch_states is not None:
             N, S, P, _ = out.patch_states.shape
             real = visual_mask[:, :, None].expand(N, S, P)
@@ -262,14 +265,16 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         return self.decoder.loss_terms(state, batch["gold"], targets, next_ok, pair_mask), state
 
     def _losses(self, batch: dict) -> tuple[dict[str, torch.Tensor], BersonState]:
-        """The training loss: pointer NLL per real step + ``lambda_pair`` * BCE per pair, each the
-        mean over the global batch (all ranks; :func:`~seqaware.modules.base.global_share`),
-        and this rank's component means for logging."""
+        """The training loss: pointer NLL + ``lambda_pair`` * pairwise BCE, each the mean over the global
+        batch (all ranks; :func:`~seqaware.modules.base.global_share`) of what ``model.decoder.loss_norm``
+        counts (real steps and pairs, or BERSON's instances), and this rank's component means for logging."""
         t, state = self._loss_terms(batch)
-        steps, pairs = t["steps"].sum(), t["pairs"].sum()
+        norm = self.decoder.normalised(t)
+        (p_sum, p_count), (b_sum, b_count) = norm["pointer_loss"], norm["pair_loss"]
+        steps, pairs = p_count.sum(), b_count.sum()
         share = global_share(torch.stack([steps, pairs]))
-        pointer = t["pointer_nll"].sum() / steps.clamp(min=1)
-        pair = t["pair_bce"].sum() / pairs.clamp(min=1)
+        pointer = p_sum.sum() / steps.clamp(min=1)
+        pair = b_sum.sum() / pairs.clamp(min=1)
         loss = share[0] * pointer + self.decoder.lambda_pair * share[1] * pair
         return {"loss": loss, "pointer_loss": pointer.detach(), "pair_loss": pair.detach(),
                 "pair_acc": (t["pair_correct"].sum() / pairs.clamp(min=1)).detach()}, state
@@ -339,10 +344,9 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         t, state = self._loss_terms(batch)
         orders = self.decode_views(batch, state) if stage == "test" and self.test_views > 1 else self.decode(state)
         # val/pointer_loss, val/pair_loss, val/pair_acc: sums over the split / counts (of the presented
-        # order's encoding); val/loss from them
+        # order's encoding; model.decoder.loss_norm says what is counted); val/loss from them
         self._record_orders(stage, batch, orders, losses={
-            "pointer_loss": (t["pointer_nll"], t["steps"]), "pair_loss": (t["pair_bce"], t["pairs"]),
-            "pair_acc": (t["pair_correct"], t["pairs"])})
+            **self.decoder.normalised(t), "pair_acc": (t["pair_correct"], t["pairs"])})
 
     def _derived_losses(self, means: dict[str, float]) -> dict[str, float]:
         return {"loss": means["pointer_loss"] + self.decoder.lambda_pair * means["pair_loss"]}
@@ -357,6 +361,16 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         state = self.encode(batch)
         orders = self.decode_views(batch, state) if self.test_views > 1 else self.decode(state)
         return [[meta["step_index"][p] for p in order] for meta, order in zip(batch["meta"], orders)]
+
+
+def with_separators(fusion: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(N, T) segment ids of packed pairs in which every separator belongs to the step it closes (BERSON's
+    release pools ``[CLS] a [SEP] b [SEP]`` as ``a [SEP]`` and ``b [SEP]``; ``<s> a </s></s> b </s>`` as
+    ``a </s></s>`` and ``b </s>``): each separator takes the step of the last text token before it; [CLS]
+    and padding stay -1."""
+    steps = fusion["text_step"]
+    filled = torch.cummax(steps, dim=1).values       # steps are packed in order: a running max carries the last one
+    return torch.where(fusion["attention_mask"].bool(), filled, torch.full_like(steps, -1))
 
 
 def view_permutations(ids: list, step_mask: torch.Tensor, views: int) -> torch.Tensor:

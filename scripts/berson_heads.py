@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""BERSON's head as released against ours on ROCStories, and which of their differences move PMR.
+
+    python scripts/berson_heads.py --seeds 0 1 2                          # both heads, joint encoding, 3 seeds
+    python scripts/berson_heads.py --seeds 0 --rows ablation               # BERSON's head less one point at a time
+    python scripts/berson_heads.py --seeds 0 --rows ours/pairwise paper/pairwise --steps 150
+    python scripts/berson_heads.py --seeds 0 1 2 --rows recipe/paper recipe/roc_base --steps 0 \\
+        -- backbones=base trainer=gpu 'data.extra_train_paths=[${paths.shared_data_dir}/roc/train_extra.tsv]'
+
+Every row is ``python train.py experiment=berson_roc`` with the row's overrides, ``seed=S``, the budget and
+the overrides after ``--`` (last, so they win), in ``OUT/<row>/seed<S>/`` (``hydra.run.dir``); the test split
+is the 20% test slice of ``dev.tsv`` (1,963 stories, seed 0), the checkpoint with the best validation PMR is
+tested.  The rows:
+
+``ours/joint``, ``paper/joint``, ``ours/pairwise``, ``paper/pairwise``
+    ``model.decoder.variant`` x ``model.pair_encoding`` under one recipe, ``hparams=roc_joint`` (batches of
+    16, encoder lr 2e-4 with a 10% warm-up and a linear decay, head lr 1e-3).
+``paper-<switch>/joint`` (``--rows ablation``: all of them)
+    BERSON's head with one of its points set back to ours (``decoders.berson.VARIANTS``), joint encoding.
+``recipe/paper``, ``recipe/roc_base``
+    the whole recipes: ``hparams=berson_roc_paper`` (BERSON's release: head, batch 4, lr 2e-5, 2 epochs) and
+    ``hparams=roc_base`` (ours for MPNet-base); their budget is their own unless ``--steps`` is given.
+
+Budget: ``--steps`` optimizer steps of ``--batch-size`` stories for every row (the same stories seen; a
+recipe with other batches gets the same number of stories: ``steps * batch_size / its batch``), validation
+at the middle and the end on ``--val-stories``; ``--steps 0``: the rows' own recipes, untouched.  A folder
+that holds a tested run is reused; one made with other overrides is an error (scripts/wu2022_tables.py's
+rules).  Prints the table (PMR / Acc / tau, mean +- std over seeds, each seed's PMR, wall time per run)
+and one line ``BERSON_HEADS_JSON {...}``; ``--table FILE`` also writes the markdown.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from decoders.berson import VARIANTS  # noqa: E402
+from scripts.wu2022_tables import _check_overrides, _train  # noqa: E402
+from seqaware.io import read_test_metrics  # noqa: E402
+from seqaware.launch import split_overrides  # noqa: E402
+
+MARKER = "BERSON_HEADS_JSON"
+RECIPE = ("hparams=roc_joint",)
+ABLATED = ("relation", "pointer_inputs", "loss_norm", "summary_divisor", "paragraph", "step_score", "init")
+"""The switches the ablation sets back to ours, on the joint encoding; ``sep_in_pools`` / ``pool_dropout`` act
+on the token pools of the pairwise encoding only (the joint path builds pair vectors from step states)."""
+
+
+def rows() -> dict[str, tuple[tuple[str, ...], int]]:
+    """Row name -> (train.py overrides, the recipe's batch size)."""
+    out: dict[str, tuple[tuple[str, ...], int]] = {}
+    for variant in ("ours", "paper"):
+        for encoding in ("joint", "pairwise"):
+            out[f"{variant}/{encoding}"] = (
+                (*RECIPE, f"model.decoder.variant={variant}", f"model.pair_encoding={encoding}"), 16)
+    for switch in ABLATED:
+        back = [f"model.decoder.{switch}={str(VARIANTS['ours'][switch]).lower()}"]
+        out[f"paper-{switch}/joint"] = ((*RECIPE, "model.decoder.variant=paper", "model.pair_encoding=joint", *back), 16)
+    out["recipe/paper"] = (("hparams=berson_roc_paper",), 4)
+    out["recipe/roc_base"] = (("hparams=roc_base",), 16)
+    return out
+
+
+def select(names: list[str]) -> list[str]:
+    """Row names from ``--rows`` (``ablation``: every ``paper-*`` row); an unknown one lists the known."""
+    known = rows()
+    out: list[str] = []
+    for name in names:
+        chosen = [k for k in known if k.startswith("paper-")] if name == "ablation" else [name]
+        for k in chosen:
+            if k not in known:
+                raise SystemExit(f"--rows: unknown row {k!r}; known: ablation, {', '.join(known)}")
+            if k not in out:
+                out.append(k)
+    return out
+
+
+def budget(steps: int, batch_size: int, recipe_batch: int, val_stories: int) -> list[str]:
+    """``train.py`` overrides for ``steps`` steps of ``batch_size`` stories, counted in the recipe's batches."""
+    if steps <= 0:
+        return []
+    stories = steps * batch_size
+    own = max(1, math.ceil(stories / recipe_batch))
+    val_batches = max(1, math.ceil(val_stories / 16))
+    return [f"trainer.max_steps={own}", "trainer.max_epochs=-1", f"trainer.val_check_interval={max(1, own // 2)}",
+            "trainer.check_val_every_n_epoch=null", f"trainer.limit_val_batches={val_batches}", "data.eval_batch_size=16"]
+
+
+def run(name: str, seed: int, out: Path, overrides: list[str], steps: int, batch_size: int,
+        val_stories: int) -> tuple[dict, float]:
+    """The test metrics of row ``name`` for ``seed`` (training what is missing) and its wall time (s)."""
+    row, recipe_batch = rows()[name]
+    run_dir = out / name.replace("/", "-") / f"seed{seed}"
+    cmd = ["experiment=berson_roc", *row, f"seed={seed}", *budget(steps, batch_size, recipe_batch, val_stories),
+           *overrides]
+    _check_overrides(run_dir, cmd)
+    metrics = read_test_metrics(run_dir)
+    wall_file = run_dir / "wall_seconds.txt"
+    if metrics is None:
+        start = time.time()
+        _train(cmd, run_dir, f"{run_dir.name}.log")
+        wall_file.write_text(f"{time.time() - start:.1f}\n")
+        metrics = read_test_metrics(run_dir)
+        if metrics is None:
+            raise SystemExit(f"{run_dir}: the run wrote no test_metrics.json")
+    wall = float(wall_file.read_text()) if wall_file.is_file() else float("nan")
+    return metrics, wall
+
+
+def summary(results: dict[str, list[tuple[int, dict, float]]]) -> dict[str, dict]:
+    out = {}
+    for name, per_seed in results.items():
+        entry: dict = {"seeds": [s for s, _, _ in per_seed], "wall_s": [round(w, 1) for _, _, w in per_seed]}
+        for metric in ("pmr", "acc", "tau"):
+            values = [float(m[f"test/{metric}"]) for _, m, _ in per_seed]
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+            entry[metric] = {"mean": mean, "std": std, "values": values}
+        out[name] = entry
+    return out
+
+
+def table(stats: dict[str, dict]) -> str:
+    lines = ["| row | seeds | test PMR | Acc | tau | PMR per seed | wall per run (s) |", "|---|---|---:|---:|---:|---|---|"]
+    for name, e in stats.items():
+        cells = [f"{e[m]['mean']:.3f} ± {e[m]['std']:.3f}" if len(e["seeds"]) > 1 else f"{e[m]['mean']:.3f}"
+                 for m in ("pmr", "acc", "tau")]
+        per_seed = " / ".join(f"{v:.3f}" for v in e["pmr"]["values"])
+        walls = " / ".join(f"{w:.0f}" for w in e["wall_s"])
+        lines.append(f"| `{name}` | {' '.join(map(str, e['seeds']))} | {' | '.join(cells)} | {per_seed} | {walls} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, overrides = split_overrides(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--rows", nargs="+", default=["ours/joint", "paper/joint"])
+    parser.add_argument("--steps", type=int, default=150, help="optimizer steps of --batch-size stories (0: recipes' own)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--val-stories", type=int, default=400)
+    parser.add_argument("--out", type=Path, default=ROOT / "logs" / "berson_heads")
+    parser.add_argument("--table", type=Path, default=None, help="also write the markdown table here")
+    args = parser.parse_args(own)
+    names = select(args.rows)
+    results: dict[str, list[tuple[int, dict, float]]] = {}
+    for seed in args.seeds:          # seeds outermost: every row gets its first seed before any its second
+        for name in names:
+            print(f"{name} seed {seed}", flush=True)
+            metrics, wall = run(name, seed, args.out, overrides, args.steps, args.batch_size, args.val_stories)
+            results.setdefault(name, []).append((seed, metrics, wall))
+    stats = summary({n: results[n] for n in names})
+    text = table(stats)
+    print(text)
+    if args.table is not None:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        args.table.write_text(text + "\n")
+    print(MARKER, json.dumps(stats, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
