@@ -12,6 +12,7 @@ Names accepted wherever a config asks for ``name_or_path``:
   checked against their packages' recorded SHA-256 and assembled once into
   ``$SEQAWARE_CACHE/pretrained/`` (default ``.cache/pretrained/`` in the checkout), atomically
   (:func:`seqaware.io.build_folder_once`: two runs starting together never see a half-written folder);
+  any other ``offline:NAME`` is refused, naming the known aliases and the closest one;
 * a Hugging Face hub id (``roberta-large``): taken from the local Hugging Face cache if present,
   otherwise downloaded -- unless the hub is unreachable or ``HF_HUB_OFFLINE=1``, in which case
   :class:`PretrainedUnavailableError` is raised within seconds with a message that says what to set.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import difflib
 import hashlib
 import os
 import shutil
@@ -146,10 +148,26 @@ class PretrainedUnavailableError(RuntimeError):
     """Pretrained weights were asked for that cannot be loaded on this machine."""
 
 
-def resolve_name(name_or_path: str) -> str:
-    """Map offline aliases to their folder; return anything else unchanged."""
+OFFLINE_PREFIX = "offline:"
+
+
+def unknown_alias_message(name: str, config_key: str = "name_or_path") -> str:
+    """Why an ``offline:NAME`` that is no alias is refused: the known aliases, and the closest one when one is
+    close (:func:`difflib.get_close_matches` on the lower-cased part after ``offline:``, which all aliases share)."""
+    known = sorted(OFFLINE_ALIASES)
+    close = difflib.get_close_matches(name[len(OFFLINE_PREFIX):].lower(), [a[len(OFFLINE_PREFIX):] for a in known], n=1)
+    hint = f" (did you mean '{OFFLINE_PREFIX}{close[0]}'?)" if close else ""
+    return (f"{config_key}={name!r}: no such offline alias{hint}; the offline aliases are {', '.join(known)}. "
+            f"An '{OFFLINE_PREFIX}' name is never looked up on the Hugging Face hub.")
+
+
+def resolve_name(name_or_path: str, config_key: str = "name_or_path") -> str:
+    """Map offline aliases to their folder; return anything else unchanged.  An ``offline:`` name that is no
+    alias raises :class:`PretrainedUnavailableError` naming ``config_key`` and the known aliases."""
     if name_or_path in OFFLINE_ALIASES:
         return str(OFFLINE_ALIASES[name_or_path]())
+    if str(name_or_path).startswith(OFFLINE_PREFIX):
+        raise PretrainedUnavailableError(unknown_alias_message(str(name_or_path), config_key))
     return str(name_or_path)
 
 
@@ -199,7 +217,7 @@ def from_pretrained(loader: Callable[..., Any], name_or_path: str, what: str = "
     when the hub answers a 3-second probe). ``config_key`` names the config value to set in the
     error message.
     """
-    name = resolve_name(name_or_path)
+    name = resolve_name(name_or_path, config_key)
     if Path(name).exists():
         return loader(name, **kwargs)
     if looks_like_path(name):

@@ -36,6 +36,21 @@ def test_hub_name_fails_fast_with_instructions(monkeypatch, offline_env):
     assert "backbones.tokenizer=/path/to/folder" in message and "offline:minilm" in message
 
 
+@pytest.mark.parametrize("name, hint", [
+    ("offline:mpent", " (did you mean 'offline:mpnet'?)"),
+    ("offline:MiniLM-L6", " (did you mean 'offline:minilm'?)"),     # case and a suffix: still the closest
+    ("offline:roberta-large", ""),                                  # nothing close: the list alone
+])
+def test_an_unknown_offline_alias_lists_the_known_ones_and_the_closest(monkeypatch, name, hint):
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda *a, **k: pytest.fail("an offline: name reached the hub"))
+    with pytest.raises(PretrainedUnavailableError) as err:
+        load_tokenizer(name)
+    assert str(err.value) == (f"backbones.tokenizer={name!r}: no such offline alias{hint}; the offline aliases are "
+                              "offline:minilm, offline:mpnet. An 'offline:' name is never looked up on the Hugging Face hub.")
+    with pytest.raises(PretrainedUnavailableError, match=rf"^name_or_path={name!r}: no such offline alias"):
+        resolve_name(name)
+
+
 # ---------------------------------------------------------------- offline:mpnet (pieces of one zip in five packages)
 def _fake_model_pieces(tmp_path, parts: int = 3):
     """A zip of a model folder (config.json + weights + a nested config like sentence-transformers') cut into
