@@ -40,7 +40,9 @@ mix of answers (twin consistency is left out: it does not depend on the mix).
 
 Answers to questions that are not in ``--questions`` are ignored (counted on stderr); a question
 without an answer counts as unparsable.  A line that is not a JSON object or lacks the id or
-answer fields stops the script with ``file:line: field: reason``.
+answer fields stops the script with ``file:line: field: reason``; a missing file, or one without a
+question or answer, stops it naming its option (``--questions: no such file: PATH``,
+``--answers NAME=PATH: the file holds no answers``).
 """
 from __future__ import annotations
 
@@ -71,10 +73,12 @@ def parse_answer(value: Any) -> Optional[str]:
     return match.group(1).lower() if match else None
 
 
-def read_answers(path: Path, answer_field: str = "answer") -> dict[str, Optional[str]]:
-    """``question id -> yes | no | None`` from an answers file; bad lines raise ``file:line: field: reason``."""
+def read_answers(path: Path, answer_field: str = "answer", option: str = "answers file") -> dict[str, Optional[str]]:
+    """``question id -> yes | no | None`` from an answers file; bad lines raise ``file:line: field: reason``.
+    ``option`` is the command-line option named when the file is missing or holds no answers
+    (``--answers NAME``, ``--gpt4``)."""
     if not path.is_file():
-        raise FileNotFoundError(f"answers file not found: {path}")
+        raise FileNotFoundError(f"{option}: no such file: {path}")
     answers: dict[str, Optional[str]] = {}
     problems = []
     for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -101,6 +105,8 @@ def read_answers(path: Path, answer_field: str = "answer") -> dict[str, Optional
         answers[qid] = parse_answer(record[answer_field])
     if problems:
         raise ValueError("bad answers file:\n" + "\n".join(problems))
+    if not answers:
+        raise ValueError(f"{option}={path}: the file holds no answers")
     return answers
 
 
@@ -174,14 +180,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             parser.error(f"--answers expects NAME=PATH, got {spec!r}")
-        specs.append((name, Path(path)))
+        specs.append((name, Path(path), f"--answers {name}"))
     if args.gpt4 is not None:
-        specs.append(("GPT-4", args.gpt4))
-    questions = read_catbench(args.questions)
+        specs.append(("GPT-4", args.gpt4, "--gpt4"))
+    questions = read_catbench(args.questions, key="--questions")
     known = {q["pair_id"] for q in questions}
     systems = {}
-    for name, path in specs:
-        answers = read_answers(path, args.answer_field)
+    for name, path, option in specs:
+        answers = read_answers(path, args.answer_field, option)
         extra = len(set(answers) - known)
         missing = len(known - set(answers))
         if extra or missing:

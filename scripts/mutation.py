@@ -6,7 +6,9 @@ and print, per module, how many mutants the fast tests kill.
     python scripts/mutation.py report --survivors  # the table of the last run, and each survivor's name
 
 ``run`` runs the mutants without a result, the survivors and those no test reached (tests may have been added);
-killed mutants keep their result until their code changes.  ``--rerun`` runs everything again.
+killed mutants keep their result until their code changes.  ``--rerun`` runs everything again.  An ``--only``
+pattern that matches no mutant stops the script (exit 2) naming it and the modules or mutant names it could
+have meant (:func:`unmatched`).
 
 mutmut reads the rest of its setup from ``[tool.mutmut]`` in pyproject.toml (which files it mutates,
 the test command); it works in ``mutants/`` (git-ignored).  ``mutmut show NAME`` prints a survivor as
@@ -20,6 +22,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -65,6 +68,52 @@ def results(folder: Path | None = None, scope: tuple[str, ...] = SCOPE) -> dict[
     return out
 
 
+def mutated_modules() -> list[str]:
+    """The modules mutmut mutates: the ``.py`` files under ``source_paths`` that ``only_mutate`` of
+    ``[tool.mutmut]`` in pyproject.toml names (fnmatch, as mutmut matches them), as dotted names."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mutmut"]
+    files = {path.relative_to(ROOT) for source in config["source_paths"] for path in (ROOT / source).rglob("*.py")}
+    return sorted(".".join(f.with_suffix("").parts) for f in files
+                  if any(fnmatch.fnmatch(f.as_posix(), g) for g in config["only_mutate"]))
+
+
+def unmatched(patterns: list[str], mutmut_generates: bool, after_run: bool = False) -> str | None:
+    """Why some ``--only`` patterns can match no mutant (one line each), or None.
+
+    A pattern is refused when no mutant of the last run (``mutants/``) matches it and its fixed beginning (up to
+    the first ``*``, ``?`` or ``[``) is the beginning of no mutant name of a module mutmut mutates.  When it could
+    name a mutant of such a module that the last run does not hold (a function added since), it passes only if
+    mutmut is about to generate the mutants (``mutmut_generates``: a first run, or ``--rerun``), and is refused
+    otherwise, listing the mutant names that module has (``after_run``: mutmut has just generated them all)."""
+    all_codes = results(scope=("*",))
+    names = [name for codes in all_codes.values() for name in codes]
+    modules: list[str] | None = None
+    lines = []
+    for pattern in patterns:
+        if any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            continue
+        if modules is None:
+            modules = sorted(set(mutated_modules()) | set(all_codes))
+        head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+        could = [m for m in modules if head.startswith(f"{m}.x") or f"{m}.x".startswith(head)]
+        if not could:
+            lines.append(f"--only {pattern!r} matches no mutant: a mutant is named MODULE.x_FUNCTION__mutmut_N "
+                         f"(a method: MODULE.x\u01c1CLASS\u01c1METHOD__mutmut_N), and mutmut mutates the modules "
+                         f"{', '.join(modules)}")
+        elif names and not mutmut_generates:
+            prefixes = tuple(f"{m}." for m in could)
+            functions = sorted({name.split("__mutmut_")[0] for name in names if name.startswith(prefixes)})
+            shown = ", ".join(functions[:12]) + (f" and {len(functions) - 12} more" if len(functions) > 12 else "")
+            since = "" if after_run else (f" (a function added since: 'run --rerun --only {pattern}' has mutmut "
+                                          "generate its mutants)")
+            lines.append(f"--only {pattern!r} matches no mutant of the last run ({ROOT / 'mutants'}); the mutant names "
+                         f"it could match start with {shown or 'nothing: the run holds no mutant of ' + ', '.join(could)}"
+                         f"{since}")
+    return "\n".join(lines) or None
+
+
 def summary(codes: dict[str, int | None]) -> dict[str, int]:
     """Counts of one module's mutants by mutmut's own status names: ``mutants``, ``tested``, ``killed``
     (a test failed or the mutant ran out of time, as mutmut scores them), ``survived``, ``no_tests`` (no
@@ -100,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=None, help="parallel mutants (mutmut's default: CPUs)")
     args = parser.parse_args(argv)
     scope = tuple(args.only) if args.only else SCOPE
+    if args.only:
+        generates = args.command == "run" and (args.rerun or not (ROOT / "mutants").is_dir())
+        problem = unmatched(args.only, mutmut_generates=generates)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
     if args.command == "run":
         extra = ["--max-children", str(args.max_children)] if args.max_children else []
         names = list(scope)
@@ -117,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, **{var: "1" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
         if names:
             code = subprocess.call([sys.executable, "-m", "mutmut", "run", *extra, *names], cwd=ROOT, env=env)
+            # mutmut has generated every mutant now: a pattern that still matches none is named (mutmut itself
+            # stops with an AssertionError when no pattern matches)
+            problem = unmatched(args.only, False, after_run=True) if args.only and results(scope=("*",)) else None
+            if problem:
+                print(problem, file=sys.stderr)
+                return 2
             if code:
                 return code
     by_module = results(scope=scope)

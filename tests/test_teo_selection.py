@@ -76,7 +76,7 @@ def test_answers_files_are_read_by_id_or_catbench_fields(tmp_path):
     missing = tmp_path / "nowhere.jsonl"
     with pytest.raises(FileNotFoundError) as err:
         read_answers(missing)
-    assert str(err.value) == f"answers file not found: {missing}"
+    assert str(err.value) == f"answers file: no such file: {missing}"
 
 
 def test_every_bad_line_of_an_answers_file_is_named_at_once(tmp_path):
@@ -201,6 +201,31 @@ def test_an_answers_option_without_name_and_path_is_refused(tmp_path, capsys, sp
         main(["--questions", str(questions), "--answers", spec])
     assert err.value.code == 2
     assert capsys.readouterr().err.endswith(f"error: --answers expects NAME=PATH, got {spec!r}\n")
+
+
+@pytest.mark.parametrize("content", [None, "", "\n  \n"], ids=["missing", "empty", "blank lines"])
+@pytest.mark.parametrize("option", ["--questions", "--answers", "--gpt4"])
+def test_a_missing_or_empty_file_is_named_by_its_option(tmp_path, option, content):
+    from scripts.catbench_eval import main
+
+    questions, rows = _cake_questions(tmp_path)
+    good = _answers(tmp_path / "good.jsonl", rows, ["yes"] * len(rows))
+    bad = tmp_path / "bad.jsonl"
+    if content is not None:
+        bad.write_text(content, encoding="utf-8")
+    argv = {"--questions": ["--questions", str(bad), "--answers", f"ours={good}"],
+            "--answers": ["--questions", str(questions), "--answers", f"ours={good}", "--answers", f"theirs={bad}"],
+            "--gpt4": ["--questions", str(questions), "--answers", f"ours={good}", "--gpt4", str(bad)]}[option]
+    named = {"--questions": "--questions", "--answers": "--answers theirs", "--gpt4": "--gpt4"}[option]
+    if content is None:
+        with pytest.raises(FileNotFoundError) as err:
+            main(argv)
+        assert str(err.value) == f"{named}: no such file: {bad}"
+    else:
+        what = "CaT-Bench questions" if option == "--questions" else "answers"
+        with pytest.raises(ValueError) as err:
+            main(argv)
+        assert str(err.value) == f"{named}={bad}: the file holds no {what}"
 
 
 def test_the_questions_option_is_required(capsys):
