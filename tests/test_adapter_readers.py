@@ -528,13 +528,13 @@ def test_read_roc_records_meta_reasons_and_logs_skipped_lines(tmp_path, caplog):
     from data_modules.adapters.roc import read_roc
 
     path = tmp_path / "sind.tsv"
-    path.write_bytes(b"caf\xe9 . <eos> b .\n  \na . <eos> b . <eos> \n<eos>\nc . <eos> d .\n")
+    path.write_bytes("café . <eos> b .\n  \na . <eos> b . <eos> \n<eos>\nc . <eos> d .\n".encode())
     with caplog.at_level(logging.WARNING, logger="data_modules.adapters.roc"):
         procs = read_roc(path, "val")
-    assert [(p.id, p.split, p.meta) for p in procs] == [
-        ("sind-1", "val", {"source": "roc", "file": "sind.tsv", "line": 1}),
-        ("sind-5", "val", {"source": "roc", "file": "sind.tsv", "line": 5})]
-    assert procs[0].steps[0].text == "caf\ufffd ."                     # undecodable bytes replaced
+    assert [(p.id, p.split, p.meta, p.origin) for p in procs] == [
+        ("sind-1", "val", {"source": "roc", "file": "sind.tsv", "line": 1}, (str(path), 1)),
+        ("sind-5", "val", {"source": "roc", "file": "sind.tsv", "line": 5}, (str(path), 5))]
+    assert procs[0].steps[0].text == "café ."
     assert caplog.messages == [f"{path}: skipped 2 bad line(s) (fewer than 2 sentences or an empty sentence)"]
     with pytest.raises(ProcedureFormatError) as excinfo:
         read_roc(path, "val", bad_lines="error")
@@ -553,6 +553,21 @@ def test_read_roc_records_meta_reasons_and_logs_skipped_lines(tmp_path, caplog):
     assert str(excinfo.value) == f"ROC file not found: {tmp_path / 'nope.tsv'}"
     with pytest.raises(FileNotFoundError):
         read_roc(tmp_path, "train")                                     # a folder is not a story file
+
+
+@pytest.mark.parametrize("bad_lines", ["skip", "error"])
+def test_read_roc_bytes_that_are_not_utf8_are_errors_naming_file_line_and_column(tmp_path, bad_lines):
+    from data_modules.adapters.roc import read_roc
+
+    path = tmp_path / "sind.tsv"
+    path.write_bytes(b"a . <eos> b .\n" + "café . <eos> ".encode() + b"na\xefve .\n"   # column in characters: é is one
+                     b"one sentence \xff\n\xe2\x80 . <eos> x .\nc . <eos> d .\n")
+    with pytest.raises(ProcedureFormatError) as excinfo:   # whatever bad_lines says: a byte is never replaced
+        read_roc(path, "train", bad_lines=bad_lines)
+    assert problems(excinfo) == [
+        f"{path}:2: sind-2: steps[1].text: not valid UTF-8 (byte 0xef at column 16); save the file as UTF-8",
+        f"{path}:3: sind-3: steps[0].text: not valid UTF-8 (byte 0xff at column 14); save the file as UTF-8",
+        f"{path}:4: sind-4: steps[0].text: not valid UTF-8 (byte 0xe2 at column 1); save the file as UTF-8"]
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -83,3 +83,19 @@ def test_logs_split_sizes_of_given_files(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger=LOGGER):
         roc_source(str(train), val_path=str(val), test_fraction=0.3)
     assert caplog.messages == ["ROC splits: {'train': 7, 'test': 3, 'val': 2}"]
+
+
+def test_bytes_that_are_not_utf8_stop_the_hydra_source_naming_file_line_and_column(tmp_path):
+    import functools
+
+    from data_modules.datamodule import ProcedureDataModule
+
+    train = ten_stories(tmp_path)
+    extra = tmp_path / "extra.tsv"
+    extra.write_bytes(b"e . <eos> f .\ng . <eos> caf\xe9 .\n")
+    dm = ProcedureDataModule(functools.partial(roc_source), tokenizer=None, train_path=str(train),
+                             extra_train_paths=[str(extra)])
+    with pytest.raises(ProcedureFormatError) as excinfo:
+        dm.prepare_data()
+    assert problems(excinfo) == [f"{extra}:2: extra-2: steps[1].text: not valid UTF-8 (byte 0xe9 at column 14); "
+                                 "save the file as UTF-8"]

@@ -7,7 +7,8 @@ sentences in gold order (no images, no DAG: the reference is the authored order)
 A *bad line* has fewer than 2 sentences or an empty sentence. With ``bad_lines='error'`` every bad
 line is reported as ``file:line: NAME-k: steps: reason``; with ``bad_lines='skip'`` (default, the
 real files have a few oddities) they are left out and their number is logged and returned in
-``dropped``. Blank lines are ignored.
+``dropped``. Blank lines are ignored. Bytes that are not UTF-8 are an error whatever ``bad_lines``
+says (never replaced): ``file:line: NAME-k: steps[i].text: not valid UTF-8 (byte 0xe9 at column C)``.
 
 :func:`roc_source` is the Hydra source of ``configs/data/roc.yaml``; :func:`convert` is the
 adapter used by ``scripts/prepare_data.py``.
@@ -51,13 +52,21 @@ def read_roc(path: str | Path, split: str, bad_lines: str = "skip", max_stories:
     problems = ProblemLog()
     procedures: list[Procedure] = []
     skipped = 0
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    # surrogateescape keeps every undecodable byte as one character (U+DC80..U+DCFF) on its line, so it is
+    # reported where it is instead of being replaced; the lines are those of the decoded text, as before
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
     for line_no, line in enumerate(text.splitlines(), start=1):
         if max_stories is not None and len(procedures) >= max_stories:
             break
         if not line.strip():
             continue
         rid = f"{path.stem}-{line_no}"
+        bad = next((i for i, ch in enumerate(line) if "\udc80" <= ch <= "\udcff"), None)
+        if bad is not None:
+            problems.add(path, line_no, rid, f"steps[{line[:bad].count(SEPARATOR)}].text",
+                         f"not valid UTF-8 (byte 0x{ord(line[bad]) - 0xdc00:02x} at column {bad + 1}); "
+                         "save the file as UTF-8")
+            continue
         sentences = [s.strip() for s in line.split(SEPARATOR)]
         reason = None
         if len(sentences) < 2:
@@ -70,7 +79,8 @@ def read_roc(path: str | Path, split: str, bad_lines: str = "skip", max_stories:
             skipped += 1
             continue
         procedures.append(Procedure(id=rid, steps=[Step(text=s) for s in sentences], split=split,
-                                    meta={"source": "roc", "file": path.name, "line": line_no}))
+                                    meta={"source": "roc", "file": path.name, "line": line_no},
+                                    origin=(str(path), line_no)))
     problems.raise_if_any()
     if skipped:
         log.warning("%s: skipped %d bad line(s) (fewer than 2 sentences or an empty sentence)", path, skipped)
