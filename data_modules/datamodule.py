@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
@@ -38,7 +39,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
             such as ``jsonl`` and ``roc``), so users write ``data.train_path=...``.
         extra_train_paths: more files whose records only ever join the training split (``roc``:
             ``train_extra.tsv``), passed on to a source that takes them; a non-empty list for a source
-            that does not is an error naming the key.
+            that does not is an error naming the key. A plain string or path is one file.
         allow_outside_images: accept image paths that resolve outside the data folder (the folder
             of the procedures file); rejected by default.
         verify_images: decode every image of every split in ``setup`` (before the first step), so
@@ -84,6 +85,11 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         self.source_paths = {k: v for k, v in
                              {"train_path": train_path, "val_path": val_path, "test_path": test_path}.items() if v is not None}
         if extra_train_paths:
+            if isinstance(extra_train_paths, (str, os.PathLike)):
+                # `data.extra_train_paths=PATH` without brackets reaches us as a plain string: it is one file
+                # (never one path per character). Taken as one file rather than refused: there is no other
+                # thing the user can have meant, so a refusal would only make them type the brackets.
+                extra_train_paths = [extra_train_paths]
             func = getattr(source, "func", source)
             if "extra_train_paths" not in inspect.signature(func).parameters:
                 raise ValueError(f"data.extra_train_paths: the data source {describe_source(source, {}, 'train')} "

@@ -528,13 +528,13 @@ def test_read_roc_records_meta_reasons_and_logs_skipped_lines(tmp_path, caplog):
     from data_modules.adapters.roc import read_roc
 
     path = tmp_path / "sind.tsv"
-    path.write_bytes(b"caf\xe9 . <eos> b .\n  \na . <eos> b . <eos> \n<eos>\nc . <eos> d .\n")
+    path.write_bytes("café . <eos> b .\n  \na . <eos> b . <eos> \n<eos>\nc . <eos> d .\n".encode())
     with caplog.at_level(logging.WARNING, logger="data_modules.adapters.roc"):
         procs = read_roc(path, "val")
-    assert [(p.id, p.split, p.meta) for p in procs] == [
-        ("sind-1", "val", {"source": "roc", "file": "sind.tsv", "line": 1}),
-        ("sind-5", "val", {"source": "roc", "file": "sind.tsv", "line": 5})]
-    assert procs[0].steps[0].text == "caf\ufffd ."                     # undecodable bytes replaced
+    assert [(p.id, p.split, p.meta, p.origin) for p in procs] == [
+        ("sind-1", "val", {"source": "roc", "file": "sind.tsv", "line": 1}, (str(path), 1)),
+        ("sind-5", "val", {"source": "roc", "file": "sind.tsv", "line": 5}, (str(path), 5))]
+    assert procs[0].steps[0].text == "café ."
     assert caplog.messages == [f"{path}: skipped 2 bad line(s) (fewer than 2 sentences or an empty sentence)"]
     with pytest.raises(ProcedureFormatError) as excinfo:
         read_roc(path, "val", bad_lines="error")
@@ -553,6 +553,21 @@ def test_read_roc_records_meta_reasons_and_logs_skipped_lines(tmp_path, caplog):
     assert str(excinfo.value) == f"ROC file not found: {tmp_path / 'nope.tsv'}"
     with pytest.raises(FileNotFoundError):
         read_roc(tmp_path, "train")                                     # a folder is not a story file
+
+
+@pytest.mark.parametrize("bad_lines", ["skip", "error"])
+def test_read_roc_bytes_that_are_not_utf8_are_errors_naming_file_line_and_column(tmp_path, bad_lines):
+    from data_modules.adapters.roc import read_roc
+
+    path = tmp_path / "sind.tsv"
+    path.write_bytes(b"a . <eos> b .\n" + "café . <eos> ".encode() + b"na\xefve .\n"   # column in characters: é is one
+                     b"one sentence \xff\n\xe2\x80 . <eos> x .\nc . <eos> d .\n")
+    with pytest.raises(ProcedureFormatError) as excinfo:   # whatever bad_lines says: a byte is never replaced
+        read_roc(path, "train", bad_lines=bad_lines)
+    assert problems(excinfo) == [
+        f"{path}:2: sind-2: steps[1].text: not valid UTF-8 (byte 0xef at column 16); save the file as UTF-8",
+        f"{path}:3: sind-3: steps[0].text: not valid UTF-8 (byte 0xff at column 14); save the file as UTF-8",
+        f"{path}:4: sind-4: steps[0].text: not valid UTF-8 (byte 0xe2 at column 1); save the file as UTF-8"]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -575,7 +590,7 @@ def test_roc_source_bad_options_name_the_option(tmp_path, kwargs, message):
 def test_roc_source_held_out_slices_keep_file_order_and_round_sizes(tmp_path):
     from data_modules.adapters.roc import roc_source
 
-    path = tsv(tmp_path / "train.tsv", *[f"s{i} a . <eos> s{i} b ." for i in range(10)])
+    path = tsv(tmp_path / "train.tsv", *[f"s{w} a . <eos> s{w} b ." for w in "abcdefghij"])
     splits = roc_source(str(path), val_fraction=0.26, test_fraction=0.14, seed=4)
     assert {k: len(v) for k, v in splits.items()} == {"train": 6, "val": 3, "test": 1}
     for name, procs in splits.items():
@@ -587,9 +602,10 @@ def test_roc_source_held_out_slices_keep_file_order_and_round_sizes(tmp_path):
                                                                "val": [], "test": []}
     # both files given: nothing is cut from train
     other = tsv(tmp_path / "other.tsv", "o . <eos> p .")
-    given = roc_source(str(path), val_path=str(other), test_path=str(other), bad_lines="error", max_stories=4)
+    more = tsv(tmp_path / "more.tsv", "q . <eos> r .")
+    given = roc_source(str(path), val_path=str(other), test_path=str(more), bad_lines="error", max_stories=4)
     assert {k: [p.id for p in v] for k, v in given.items()} == {
-        "train": ["train-1", "train-2", "train-3", "train-4"], "val": ["other-1"], "test": ["other-1"]}
+        "train": ["train-1", "train-2", "train-3", "train-4"], "val": ["other-1"], "test": ["more-1"]}
     assert [p.split for p in given["val"] + given["test"]] == ["val", "test"]
 
 
@@ -603,20 +619,57 @@ def test_roc_source_passes_bad_lines_and_max_stories_to_every_file(tmp_path):
             roc_source(str(train), bad_lines="error", **kwargs)
         assert problems(excinfo) == [f"{bad}:1: bad-1: steps: a story needs at least 2 sentences separated by "
                                      "' <eos> ', got 1"]
-    split = roc_source(str(train), val_path=str(bad), test_path=str(bad), extra_train_paths=[str(bad)], max_stories=1)
-    assert {k: [p.id for p in v] for k, v in split.items()} == {"train": ["train-1"], "val": ["bad-2"], "test": ["bad-2"]}
+    test = tsv(tmp_path / "test.tsv", "one sentence .", "i . <eos> j .", "k . <eos> l .")
+    extra = tsv(tmp_path / "extra.tsv", "one sentence .", "m . <eos> n .", "o . <eos> p .")
+    split = roc_source(str(train), val_path=str(bad), test_path=str(test), extra_train_paths=[str(extra)], max_stories=1)
+    assert {k: [p.id for p in v] for k, v in split.items()} == {"train": ["train-1", "extra-2"], "val": ["bad-2"],
+                                                                "test": ["test-2"]}
 
 
-def test_roc_source_leaves_out_extra_stories_equal_to_held_out_ones(tmp_path, caplog):
-    from data_modules.adapters.roc import roc_source, story_key
+def test_roc_source_leaves_out_held_out_stories_in_any_surface_form_counted_by_file(tmp_path, caplog):
+    from data_modules.adapters.roc import roc_source
 
     train = tsv(tmp_path / "train.tsv", "a . <eos> b .")
-    val = tsv(tmp_path / "val.tsv", "Same  Story . <eos> two .")
-    test = tsv(tmp_path / "test.tsv", "t . <eos> u .")
-    extra = tsv(tmp_path / "extra.tsv", "same story . <eos>   TWO .", "new . <eos> one .", "T . <eos> U .")
+    val = tsv(tmp_path / "val.tsv", "Same  Story . <eos> two .", "it was 5 o'clock . <eos> done .")
+    test = tsv(tmp_path / "test.tsv", "it was n't me . <eos> i 'm sure .")
+    extra = tsv(tmp_path / "extra.tsv", "same story. <eos>   TWO .", "new . <eos> one .", "It wasn't me. <eos> I'm  sure!")
+    more = tsv(tmp_path / "more.tsv", "Same <eos> story two", "it was 0 o ' clock <eos> done", "other . <eos> one .")
     with caplog.at_level(logging.WARNING, logger="data_modules.adapters.roc"):
-        split = roc_source(str(train), val_path=str(val), test_path=str(test), extra_train_paths=[str(extra), str(extra)])
-    assert [p.id for p in split["train"]] == ["train-1", "extra-2", "extra-2"]
-    assert caplog.messages == [f"{extra}: left out 2 extra training stories that are validation or test stories"] * 2
-    assert story_key(split["val"][0]) == ("same story .", "two .")
+        split = roc_source(str(train), val_path=str(val), test_path=str(test), extra_train_paths=[str(extra), str(more)])
+    assert [p.id for p in split["train"]] == ["train-1", "extra-2", "more-3"]
+    assert [p.id for p in split["val"] + split["test"]] == ["val-1", "val-2", "test-1"]
+    assert caplog.messages == [
+        f"data.extra_train_paths[0]={extra}: left out 2 training stories that are validation or test stories",
+        f"data.extra_train_paths[1]={more}: left out 2 training stories that are validation or test stories"]
+
+
+def test_roc_source_leaves_a_copy_of_a_held_out_slice_story_out_of_the_train_file(tmp_path, caplog):
+    from data_modules.adapters.roc import roc_source
+
+    # 11 stories, seed 0: the permutation is [4 6 7 2 0 3 5 10 9 8 1], so val is line 5 and test line 7;
+    # line 11 is line 5 again in another surface form
+    train = tsv(tmp_path / "train.tsv", *[f"s{w} a . <eos> s{w} b ." for w in "abcdefghij"], "SE a.<eos>Se  B.")
+    with caplog.at_level(logging.WARNING, logger="data_modules.adapters.roc"):
+        split = roc_source(str(train))
+    assert {k: [p.id for p in v] for k, v in split.items()} == {
+        "train": [f"train-{i}" for i in (1, 2, 3, 4, 6, 8, 9, 10)], "val": ["train-5"], "test": ["train-7"]}
+    assert caplog.messages == [f"data.train_path={train}: left out 1 training stories that are validation or test stories"]
+
+
+@pytest.mark.parametrize("a, b", [
+    ("Don't stop . <eos> It was 5 o'clock .", "do n't stop. <eos> it  was 0 o ' clock !"),
+    ("a . <eos> b .", "A.<eos>B"),
+    ("a b . <eos> c .", "a . <eos> b c ."),            # sentence breaks do not count either
+    ("caf\u00e9 .", "cafe\u0301 ."),                   # composed and decomposed é (NFKC)
+])
+def test_story_key_equal_for_surface_forms_of_one_story(a, b):
+    from data_modules.adapters.roc import SEPARATOR, story_key
+    from seqaware.procedure import Procedure, Step
+
+    def story(line):
+        return Procedure(id="x", steps=[Step(text=s.strip()) for s in line.split(SEPARATOR)])
+
+    assert story_key(story(a)) == story_key(story(b))
+    assert story_key(story(a)) != story_key(story(a + " <eos> more ."))
+    assert story_key(story("do stop . <eos> x .")) != story_key(story("do n't stop . <eos> x ."))
 

@@ -14,8 +14,12 @@ from test_adapter_readers import problems, tsv
 LOGGER = "data_modules.adapters.roc"
 
 
+WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
 def ten_stories(tmp_path):
-    return tsv(tmp_path / "train.tsv", *[f"s{i} a . <eos> s{i} b ." for i in range(1, 11)])
+    # stories told apart by words: digits do not count when stories are compared (story_key writes them as 0)
+    return tsv(tmp_path / "train.tsv", *[f"{w} a . <eos> {w} b ." for w in WORDS])
 
 
 def ids(procs) -> list[str]:
@@ -53,23 +57,23 @@ def test_given_val_and_test_files_leave_every_train_story_labelled_train(tmp_pat
         "test": [("test-1", "test"), ("test-2", "test")]}
 
 
-@pytest.mark.parametrize("given", [{}, {"val_path": "val"}, {"val_path": "val", "test_path": "val"}])
+@pytest.mark.parametrize("given", [(), ("val",), ("val", "test")])
 def test_bad_lines_error_applies_to_the_train_file(tmp_path, given):
     train = tsv(tmp_path / "train.tsv", "a . <eos> b .", "one sentence only .", "c . <eos>  <eos> d .")
-    val = tsv(tmp_path / "val.tsv", "v . <eos> w .")
-    kwargs = {k: str(val) for k in given}
+    files = {"val": tsv(tmp_path / "val.tsv", "v . <eos> w ."), "test": tsv(tmp_path / "test.tsv", "x . <eos> y .")}
+    kwargs = {f"{k}_path": str(files[k]) for k in given}
     with pytest.raises(ProcedureFormatError) as excinfo:
         roc_source(str(train), bad_lines="error", **kwargs)
     assert problems(excinfo) == [
         f"{train}:2: train-2: steps: a story needs at least 2 sentences separated by ' <eos> ', got 1",
         f"{train}:3: train-3: steps: sentence 1 is empty"]
     # skip (the default) leaves them out
-    assert ids(roc_source(str(train), val_path=str(val), test_path=str(val))["train"]) == ["train-1"]
+    assert ids(roc_source(str(train), val_path=str(files["val"]), test_path=str(files["test"]))["train"]) == ["train-1"]
 
 
 def test_logs_split_sizes_and_no_warning_when_extra_stories_are_all_new(tmp_path, caplog):
     train = ten_stories(tmp_path)
-    extra = tsv(tmp_path / "extra.tsv", "e1 . <eos> e2 .", "e3 . <eos> e4 .")
+    extra = tsv(tmp_path / "extra.tsv", "ea . <eos> eb .", "ec . <eos> ed .")
     with caplog.at_level(logging.INFO, logger=LOGGER):
         splits = roc_source(str(train), extra_train_paths=[str(extra)])
     assert ids(splits["train"])[-2:] == ["extra-1", "extra-2"]
@@ -79,7 +83,83 @@ def test_logs_split_sizes_and_no_warning_when_extra_stories_are_all_new(tmp_path
 
 def test_logs_split_sizes_of_given_files(tmp_path, caplog):
     train = ten_stories(tmp_path)
-    val = tsv(tmp_path / "val.tsv", "v . <eos> w .", "v2 . <eos> w2 .")
+    val = tsv(tmp_path / "val.tsv", "v . <eos> w .", "vv . <eos> ww .")
     with caplog.at_level(logging.INFO, logger=LOGGER):
         roc_source(str(train), val_path=str(val), test_fraction=0.3)
     assert caplog.messages == ["ROC splits: {'train': 7, 'test': 3, 'val': 2}"]
+
+
+# ---------------------------------------------------------------- copies, shared ids, shared files (issue 53)
+def test_a_story_read_twice_for_training_is_kept_once_with_a_log_line_naming_the_files(tmp_path, caplog):
+    train = tsv(tmp_path / "train.tsv", "a . <eos> b .", "c . <eos> d .", "A. <eos> B.")          # line 3 = line 1
+    val = tsv(tmp_path / "val.tsv", "v . <eos> w .")
+    test = tsv(tmp_path / "test.tsv", "x . <eos> y .")
+    extra = tsv(tmp_path / "extra.tsv", "c. <eos> d.", "e . <eos> f .", "e . <eos> f .")     # copies of train-2, extra-2
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        splits = roc_source(str(train), val_path=str(val), test_path=str(test),
+                            extra_train_paths=[str(extra), str(train)])                  # the train file again
+    assert ids(splits["train"]) == ["train-1", "train-2", "extra-2"]
+    assert caplog.messages == [
+        f"data.train_path={train}: dropped 1 duplicate stories (already read from data.train_path={train})",
+        f"data.extra_train_paths[0]={extra}: dropped 1 duplicate stories (already read from data.train_path={train})",
+        f"data.extra_train_paths[0]={extra}: dropped 1 duplicate stories (already read from "
+        f"data.extra_train_paths[0]={extra})",
+        f"data.extra_train_paths[1]={train}: dropped 3 duplicate stories (already read from data.train_path={train})"]
+
+
+def test_one_id_for_two_different_stories_is_an_error_naming_both_lines(tmp_path):
+    train = tsv(tmp_path / "a" / "stories.tsv", "a . <eos> b .", "c . <eos> d .")
+    extra = tsv(tmp_path / "b" / "stories.tsv", "a . <eos> b .", "e . <eos> f .")        # stories-1 the same, stories-2 not
+    test = tsv(tmp_path / "c" / "stories.tsv", "x . <eos> y .")
+    with pytest.raises(ProcedureFormatError) as excinfo:
+        roc_source(str(train), val_fraction=0.0, test_path=str(test), extra_train_paths=[str(extra)])
+    assert problems(excinfo) == [
+        f"{test}:1: stories-1: id: the same id as {train}:1, a different story (a ROC id is its file's name and line: "
+        "rename one of the files)",
+        f"{extra}:2: stories-2: id: the same id as {train}:2, a different story (a ROC id is its file's name and line: "
+        "rename one of the files)"]
+
+
+@pytest.mark.parametrize("same", [("train", "test"), ("train", "val"), ("val", "test")])
+def test_one_file_for_two_splits_is_refused_as_the_jsonl_source_refuses_it(tmp_path, same):
+    files = {name: tsv(tmp_path / f"{name}.tsv", f"{name} a . <eos> {name} b .") for name in ("train", "val", "test")}
+    files[same[1]] = files[same[0]]
+    with pytest.raises(ProcedureFormatError) as excinfo:
+        roc_source(**{f"{name}_path": str(path) for name, path in files.items()})
+    assert problems(excinfo) == [f"{files[same[0]]}: data.{same[1]}_path: the same file as data.{same[0]}_path: "
+                                 "train and evaluation data must be distinct files"]
+
+
+def test_an_evaluation_file_sharing_stories_with_the_train_file_is_refused_naming_both_lines(tmp_path):
+    train = ten_stories(tmp_path)
+    val = tsv(tmp_path / "val.tsv", "v . <eos> w .", "Three a. <eos> Three b.")        # train-3, another surface form
+    test = tsv(tmp_path / "test.tsv", "nine a . <eos> nine b .", "x . <eos> y .")         # train-9
+    with pytest.raises(ProcedureFormatError) as excinfo:
+        roc_source(str(train), val_path=str(val), test_path=str(test))
+    assert problems(excinfo) == [
+        f"{val}:2: val-2: steps: the same story as {train}:3 (data.train_path): train and evaluation data must "
+        "not share stories",
+        f"{test}:1: test-1: steps: the same story as {train}:9 (data.train_path): train and evaluation data must "
+        "not share stories"]
+    # val cut from the train file: a story of its slice (seed 0: train-5) is still a train-file story
+    five = tsv(tmp_path / "five.tsv", "x . <eos> y .", "five a . <eos> five b .")
+    with pytest.raises(ProcedureFormatError) as excinfo:
+        roc_source(str(train), test_path=str(five))
+    assert problems(excinfo) == [f"{five}:2: five-2: steps: the same story as {train}:5 (data.train_path): train and "
+                                 "evaluation data must not share stories"]
+
+
+def test_bytes_that_are_not_utf8_stop_the_hydra_source_naming_file_line_and_column(tmp_path):
+    import functools
+
+    from data_modules.datamodule import ProcedureDataModule
+
+    train = ten_stories(tmp_path)
+    extra = tmp_path / "extra.tsv"
+    extra.write_bytes(b"e . <eos> f .\ng . <eos> caf\xe9 .\n")
+    dm = ProcedureDataModule(functools.partial(roc_source), tokenizer=None, train_path=str(train),
+                             extra_train_paths=[str(extra)])
+    with pytest.raises(ProcedureFormatError) as excinfo:
+        dm.prepare_data()
+    assert problems(excinfo) == [f"{extra}:2: extra-2: steps[1].text: not valid UTF-8 (byte 0xe9 at column 14); "
+                                 "save the file as UTF-8"]

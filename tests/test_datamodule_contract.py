@@ -117,6 +117,34 @@ def test_extra_training_files_go_to_a_source_that_takes_them():
     assert ProcedureDataModule(functools.partial(jsonl_like), tokenizer=None, extra_train_paths=[]).source_paths == {}
 
 
+@pytest.mark.parametrize("given", ["x.tsv", "data/x.tsv"])
+def test_an_extra_training_path_without_brackets_is_one_file_not_one_per_character(given):
+    from pathlib import Path
+
+    for value in (given, Path(given)):
+        source = Source({})
+        source.func = roc_like
+        dm = ProcedureDataModule(source, tokenizer=None, extra_train_paths=value)
+        dm.prepare_data()
+        assert source.calls == [{"extra_train_paths": [given]}]
+    assert ProcedureDataModule(functools.partial(roc_like), tokenizer=None, extra_train_paths="").source_paths == {}
+
+
+def test_data_extra_train_paths_without_brackets_on_the_command_line_reads_that_file(compose_train, tmp_path):
+    from hydra.utils import instantiate
+
+    from test_adapter_readers import tsv
+
+    train = tsv(tmp_path / "dev.tsv", *[f"s{w} a . <eos> s{w} b ." for w in "abcdefghij"])
+    extra = tsv(tmp_path / "extra.tsv", "e . <eos> f .", "g . <eos> h .")
+    cfg = compose_train("experiment=berson_roc", f"data.train_path={train}", f"data.extra_train_paths={extra}")
+    assert cfg.data.extra_train_paths == str(extra)          # Hydra gives the plain string
+    dm = instantiate(cfg.data)
+    splits = dm.source(**dm.source_paths)
+    assert [p.id for p in splits["train"]][-2:] == ["extra-1", "extra-2"]
+    assert {k: len(v) for k, v in splits.items()} == {"train": 7 + 2, "val": 1, "test": 2}
+
+
 def test_extra_training_files_for_a_source_without_them_are_refused():
     with pytest.raises(ValueError) as err:
         ProcedureDataModule(functools.partial(jsonl_like), tokenizer=None, extra_train_paths=["x.tsv"])

@@ -64,6 +64,18 @@ def test_prepare_data_catbench_steps_string_is_reported_not_split_into_character
     assert not (tmp_path / "out" / "test.jsonl").exists()
 
 
+def test_prepare_data_roc_reports_bytes_that_are_not_utf8_by_file_line_and_column(tmp_path, capsys):
+    src = tmp_path / "roc"
+    src.mkdir()
+    (src / "dev.tsv").write_bytes(b"a . <eos> b .\nc . <eos> d\x92 .\n")
+    (src / "train.tsv").write_bytes(b"\xff . <eos> f .\n")
+    assert load_script("prepare_data").main(["roc", "--src", str(src), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"{src / 'dev.tsv'}:2: dev-2: steps[1].text: not valid UTF-8 (byte 0x92 at column 12); save the file as UTF-8" in err
+    assert f"{src / 'train.tsv'}:1: train-1: steps[0].text: not valid UTF-8 (byte 0xff at column 1); save the file as UTF-8" in err
+    assert not (tmp_path / "out" / "train.jsonl").exists()
+
+
 def test_prepare_data_options_tasks_and_dataset_stats_in_process(tmp_path, capsys):
     from test_adapters import RFG_EDGES, RFG_TOKENS, write_rfg
 

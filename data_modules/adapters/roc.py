@@ -7,7 +7,12 @@ sentences in gold order (no images, no DAG: the reference is the authored order)
 A *bad line* has fewer than 2 sentences or an empty sentence. With ``bad_lines='error'`` every bad
 line is reported as ``file:line: NAME-k: steps: reason``; with ``bad_lines='skip'`` (default, the
 real files have a few oddities) they are left out and their number is logged and returned in
-``dropped``. Blank lines are ignored.
+``dropped``. Blank lines are ignored. Bytes that are not UTF-8 are an error whatever ``bad_lines``
+says (never replaced): ``file:line: NAME-k: steps[i].text: not valid UTF-8 (byte 0xe9 at column C)``.
+
+Stories are compared by :func:`story_key`, a normalised form of their text (case, spacing,
+punctuation, tokenisation and digits do not count), so a copy of a story is found whatever its
+surface form.
 
 :func:`roc_source` is the Hydra source of ``configs/data/roc.yaml``; :func:`convert` is the
 adapter used by ``scripts/prepare_data.py``.
@@ -15,6 +20,8 @@ adapter used by ``scripts/prepare_data.py``.
 from __future__ import annotations
 
 import logging
+import re
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
@@ -29,7 +36,7 @@ from data_modules.adapters.common import (
     iter_files,
     split_from_name,
 )
-from seqaware.procedure import Problem, Procedure, ProcedureFormatError, Step
+from seqaware.procedure import Problem, Procedure, ProcedureFormatError, Step, check_split_files
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +58,21 @@ def read_roc(path: str | Path, split: str, bad_lines: str = "skip", max_stories:
     problems = ProblemLog()
     procedures: list[Procedure] = []
     skipped = 0
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    # surrogateescape keeps every undecodable byte as one character (U+DC80..U+DCFF) on its line, so it is
+    # reported where it is instead of being replaced; the lines are those of the decoded text, as before
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
     for line_no, line in enumerate(text.splitlines(), start=1):
         if max_stories is not None and len(procedures) >= max_stories:
             break
         if not line.strip():
             continue
         rid = f"{path.stem}-{line_no}"
+        bad = next((i for i, ch in enumerate(line) if "\udc80" <= ch <= "\udcff"), None)
+        if bad is not None:
+            problems.add(path, line_no, rid, f"steps[{line[:bad].count(SEPARATOR)}].text",
+                         f"not valid UTF-8 (byte 0x{ord(line[bad]) - 0xdc00:02x} at column {bad + 1}); "
+                         "save the file as UTF-8")
+            continue
         sentences = [s.strip() for s in line.split(SEPARATOR)]
         reason = None
         if len(sentences) < 2:
@@ -70,7 +85,8 @@ def read_roc(path: str | Path, split: str, bad_lines: str = "skip", max_stories:
             skipped += 1
             continue
         procedures.append(Procedure(id=rid, steps=[Step(text=s) for s in sentences], split=split,
-                                    meta={"source": "roc", "file": path.name, "line": line_no}))
+                                    meta={"source": "roc", "file": path.name, "line": line_no},
+                                    origin=(str(path), line_no)))
     problems.raise_if_any()
     if skipped:
         log.warning("%s: skipped %d bad line(s) (fewer than 2 sentences or an empty sentence)", path, skipped)
@@ -117,8 +133,18 @@ def roc_source(train_path: str, val_path: str | None = None, test_path: str | No
 
     ``extra_train_paths``: more files whose stories only ever join ``train`` (e.g. ``train_extra.tsv``),
     read after the held-out slices are cut, so validation and test are the same with or without
-    them.  An extra story whose sentences equal a validation or test story's is left out (counted in
-    the log): a user's extra file cannot leak held-out stories into training.
+    them.
+
+    Nothing held out reaches training, stories compared by :func:`story_key` (any surface form):
+
+    * a training story (of the train file or an extra file) that is a validation or test story is
+      left out, counted per file in the log;
+    * a story read twice for training (within or across files, or the train file passed again as an
+      extra file) is kept once, the copies counted in a log line naming both files;
+    * refused (:class:`ProcedureFormatError`, every problem at once): one file given for two of
+      ``data.train_path`` / ``val_path`` / ``test_path`` (as ``data=jsonl`` refuses it), a given
+      validation or test file sharing a story with the train file, and one id (``NAME-LINE``) for two
+      different stories (files of the same name in two folders), each naming both lines.
     """
     if not train_path:
         raise AdapterOptionError("data.train_path: the ROC source needs a train file")
@@ -131,27 +157,85 @@ def roc_source(train_path: str, val_path: str | None = None, test_path: str | No
              if path is None}
     if sum(carve.values()) >= 1:
         raise AdapterOptionError(f"held-out fractions {carve} leave no training stories")
+    given = {f"data.{name}_path": path for name, path in (("train", train_path), ("val", val_path), ("test", test_path))
+             if path is not None}
+    same_file = check_split_files(given)
+    if same_file:
+        raise ProcedureFormatError(same_file)
     train = read_roc(train_path, "train", bad_lines=bad_lines, max_stories=max_stories)
     splits = _held_out(train, carve, seed) if carve else {"train": train}
     for name, path in (("val", val_path), ("test", test_path)):
         if path is not None:
             splits[name] = read_roc(path, name, bad_lines=bad_lines, max_stories=max_stories)
-    if extra_train_paths:
-        held_out = {story_key(p) for name in ("val", "test") for p in splits.get(name, [])}
-        for path in extra_train_paths:
-            extra = read_roc(path, "train", bad_lines=bad_lines, max_stories=max_stories)
-            kept = [p for p in extra if story_key(p) not in held_out]
-            if len(kept) < len(extra):
-                log.warning("%s: left out %d extra training stories that are validation or test stories",
-                            path, len(extra) - len(kept))
-            splits["train"] = splits["train"] + kept
+    extras = [(path, read_roc(path, "train", bad_lines=bad_lines, max_stories=max_stories))
+              for path in extra_train_paths or ()]
+
+    given_eval = [p for name in ("val", "test") if name not in carve for p in splits[name]]
+    every = [*train, *given_eval, *(p for _, procs in extras for p in procs)]
+    keys = {id(p): story_key(p) for p in every}   # id(procedure) -> its story key, computed once
+    problems: list[Problem] = []
+    first_of_id: dict[str, Procedure] = {}
+    for procedure in every:
+        first = first_of_id.setdefault(procedure.id, procedure)
+        if keys[id(first)] != keys[id(procedure)]:
+            problems.append(Problem(*procedure.origin, procedure.id, "id",
+                                    f"the same id as {_where(first)}, a different story (a ROC id is its file's name "
+                                    "and line: rename one of the files)"))
+    in_train_file: dict[str, Procedure] = {}
+    for procedure in train:   # the whole train file, held-out slices included
+        in_train_file.setdefault(keys[id(procedure)], procedure)
+    for procedure in given_eval:
+        other = in_train_file.get(keys[id(procedure)])
+        if other is not None:
+            problems.append(Problem(*procedure.origin, procedure.id, "steps",
+                                    f"the same story as {_where(other)} (data.train_path): "
+                                    "train and evaluation data must not share stories"))
+    if problems:
+        raise ProcedureFormatError(problems)
+
+    held_out = {keys[id(p)] for name in ("val", "test") for p in splits.get(name, [])}
+    kept: list[Procedure] = []
+    first_file: dict[str, str] = {}     # story key -> the file its kept copy came from
+    left_out: Counter = Counter()        # file -> held-out stories left out of training
+    copies: Counter = Counter()          # (file, file of the kept copy) -> copies dropped
+    files = [(f"data.train_path={train_path}", splits["train"]),
+             *((f"data.extra_train_paths[{i}]={path}", procs) for i, (path, procs) in enumerate(extras))]
+    for where, procedures in files:     # a file given twice is two entries: its second reading is all copies
+        for procedure in procedures:
+            key = keys[id(procedure)]
+            if key in held_out:
+                left_out[where] += 1
+            elif key in first_file:
+                copies[where, first_file[key]] += 1
+            else:
+                first_file[key] = where
+                kept.append(procedure)
+    splits["train"] = kept
+    for where, count in left_out.items():
+        log.warning("%s: left out %d training stories that are validation or test stories", where, count)
+    for (where, first), count in copies.items():
+        log.warning("%s: dropped %d duplicate stories (already read from %s)", where, count, first)
     log.info("ROC splits: %s", {k: len(v) for k, v in splits.items()})
     return splits
 
 
-def story_key(procedure: Procedure) -> tuple[str, ...]:
-    """A story's sentences, whitespace-normalised and lower-cased: equal keys are the same story."""
-    return tuple(" ".join(step.text.lower().split()) for step in procedure.steps)
+def _where(procedure: Procedure) -> str:
+    return "{}:{}".format(*procedure.origin)
+
+
+_NOT_WORD = re.compile(r"[\W_]+")
+_DIGIT = re.compile(r"\d")
+
+
+def story_key(procedure: Procedure) -> str:
+    """A story's text in a normalised form: equal keys are the same story, whatever its surface form.
+
+    Unicode-normalised (NFKC) and case-folded, with everything but letters and digits removed (spacing,
+    punctuation, apostrophes, sentence breaks) and every digit written 0 (``train_extra.tsv`` writes
+    digits as 0): ``Don't stop.`` and ``do n't stop .`` give the same key, ``do stop`` another.
+    """
+    text = unicodedata.normalize("NFKC", " ".join(step.text for step in procedure.steps)).casefold()
+    return _DIGIT.sub("0", _NOT_WORD.sub("", text))
 
 
 def convert(src: Path, out_images: Path | None = None, split: str | None = None, bad_lines: str = "skip",
