@@ -105,7 +105,11 @@ VARIANTS = {"berson_finetune_joint": ("berson_finetune", ["model.pair_encoding=j
             "teo_head_synthetic_mpnet": ("teo_head_synthetic", [f"model.encoder.config={TINY_MPNET}"], []),
             "teo_plan_head_synthetic_mpnet": ("teo_plan_head_synthetic", [f"model.encoder.config={TINY_MPNET}"], []),
             "roberta_pretrain_mpnet": ("roberta_pretrain", [f"model.encoder.config={TINY_MPNET}"], []),
-            "berson_finetune_mpnet": ("berson_finetune", [f"model.encoder.config={TINY_MPNET}"], [pytest.mark.slow])}
+            "berson_finetune_mpnet": ("berson_finetune", [f"model.encoder.config={TINY_MPNET}"], [pytest.mark.slow]),
+            # BERSON's head as released (docs/protocols/berson.md) on both pair encodings
+            "berson_finetune_paper": ("berson_finetune", ["model.decoder.variant=paper"], []),
+            "berson_finetune_paper_joint": ("berson_finetune", ["model.decoder.variant=paper", "model.pair_encoding=joint"],
+                                            [])}
 # extra overrides beyond the tiny world (test_wu2022_preset reuses them)
 TINY_EXTRA = {name: overrides for name, (overrides, _, _) in SMOKE.items()}
 # Every preset (configs/hparams/) and the experiments it is made for: each pair fast-dev-runs too.
@@ -117,6 +121,7 @@ PRESETS = {
     "mateo_fast": ("teo_lora_internvl", "teo_lora_modalities"),
     "roc_joint": ("berson_roc",),
     "roc_base": ("berson_roc",),
+    "berson_roc_paper": ("berson_roc",),
     "catbench_base": ("teo_plan_head_catbench",),
 }
 # On top of SMOKE's: the preset's 5-image pretraining sequences need more than the 4 patches of a 64-px grid
@@ -180,16 +185,23 @@ def test_fast_dev_run_every_experiment_preset_and_precision(compose_train, exper
 @pytest.mark.shared_data
 @pytest.mark.parametrize("experiment, preset, overrides", [
     ("berson_roc", "roc_base", ["data.source.max_stories=40", "data.eval_batch_size=8", "model.beam_size=2"]),
+    ("berson_roc", "berson_roc_paper", ["backbones=base", "data.source.max_stories=40", "data.eval_batch_size=8",
+                                        "model.beam_size=2"]),
     ("teo_plan_head_catbench", "catbench_base", ["model.members=1", "data.cv_folds=2", "data.eval_batch_size=32",
                                                  "data.rfg_path=null",
                                                  "trainer.max_epochs=3",
                                                  "model.cv_grid=[{features: encoder},{features: mpnet},{features: encoder+mpnet}]"]),
-], ids=["roc_base", "catbench_base"])
+], ids=["roc_base", "berson_roc_paper", "catbench_base"])
 def test_base_presets_with_the_real_mpnet(compose_train, experiment, preset, overrides):
     """The base presets on the real all-mpnet-base-v2 weights: BERSON's one-pass recipe takes a step and tests;
     the closure head cross-validates MiniLM, MPNet and both side by side (768 + 384 features)."""
     cfg = compose_train(f"experiment={experiment}", f"hparams={preset}", "trainer.fast_dev_run=true", *overrides)
     assert cfg.model.encoder.name_or_path == "offline:mpnet" or cfg.model.extra_features.mpnet == "offline:mpnet"
+    if preset == "berson_roc_paper":   # pairwise encoding in the real tokenizer's pair format, <s> a </s></s> b </s>
+        from seqaware.encoders.text import special_token_ids
+        from seqaware.pretrained import load_tokenizer
+        tok = load_tokenizer("offline:mpnet")
+        assert special_token_ids(tok)["pair_sep_id"] == tok.sep_token_id
     metrics = train.run(cfg)
     assert all(torch.isfinite(torch.tensor(float(v))) for v in metrics.values()), metrics
     if experiment == "teo_plan_head_catbench":
