@@ -175,6 +175,23 @@ def test_a_bad_config_value_fails_the_run_naming_the_key(compose_train):
         train.build(_short(compose_train, "data.batch_size=x"))
 
 
+@pytest.mark.parametrize("override, message", [
+    ("trainer.max_steps=null", "trainer.max_steps=null: Trainer(max_steps=...) takes an integer, not null"),
+    ("data.batch_size=null", "data.batch_size=null: ProcedureDataModule(batch_size=...) takes an integer, not null"),
+    ("data.view.max_steps=null", "data.view.max_steps=null: SequencingView(max_steps=...) takes an integer, not null"),
+    ("data.collator.max_sentences=null",
+     "data.collator.max_sentences=null: StepCollator(max_sentences=...) takes an integer, not null"),
+])
+def test_a_null_that_would_break_a_comparison_stops_the_build_naming_the_key(compose_train, override, message):
+    """null where the argument takes a number: one error naming the key while the run is built, not a
+    TypeError ('<' not supported between 'NoneType' and 'int') at the first batch."""
+    from hydra.errors import InstantiationException
+
+    with pytest.raises((ValueError, InstantiationException)) as err:   # Hydra wraps what a constructor raises
+        train.build(_short(compose_train, override))
+    assert str(err.value).endswith(message) or f"ValueError('{message}')" in str(err.value), str(err.value)
+
+
 # ------------------------------------------------------------------------------ latest:TASK/FILE
 def _finished_run(root: Path, name: str, finished_at: str, status: str = "finished", file: str = "encoder.pt") -> Path:
     folder = root / name
