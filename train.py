@@ -182,12 +182,7 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
         check_fit_saw_batches(trainer, datamodule)  # never test an untrained model as if it were trained
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     if cfg.get("test", True):
-        ckpt = runs.best_checkpoint(trainer) if cfg.get("train", True) else cfg.get("ckpt_path")
-        if ckpt is None:
-            log.warning("no best checkpoint was saved (e.g. fast_dev_run or no validation): "
-                        "testing the current weights")
-        else:
-            log.info("testing the best checkpoint %s", ckpt)
+        ckpt = _checkpoint_to_test(cfg, trainer)
         trainer.test(model=model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)  # printed once, below
         test_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
         metrics.update(test_metrics)
@@ -206,6 +201,28 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
             print(format_test_metrics(test_metrics))
             sys.stdout.flush()
     return metrics
+
+
+def _checkpoint_to_test(cfg: DictConfig, trainer: pl.Trainer) -> str | None:
+    """The checkpoint the test loads, said in the log: after a fit the best checkpoint (of this run, or
+    tracked by the run ``ckpt_path`` continued); without training the one :func:`seqaware.runs.checkpoint_to_test`
+    picks for ``ckpt_path``. None (the current weights) only with a warning that says so."""
+    if cfg.get("train", True):
+        ckpt = runs.best_checkpoint(trainer)
+        if ckpt is None:
+            log.warning("no best checkpoint was saved (e.g. fast_dev_run or no validation): "
+                        "testing the current weights")
+        else:
+            log.info("testing the best checkpoint %s", ckpt)
+        return ckpt
+    if not cfg.get("ckpt_path"):
+        log.warning("train=false without ckpt_path: testing the current weights, those the model was built with "
+                    "(its initialisation and any checkpoint its config loads, e.g. model.encoder.ckpt); give "
+                    "ckpt_path=RUN/checkpoints/best_....ckpt to test a trained run")
+        return None
+    ckpt, why = runs.checkpoint_to_test(cfg.ckpt_path, trainer.checkpoint_callbacks)
+    log.info(why)
+    return ckpt
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")

@@ -14,6 +14,7 @@ from data_modules.collate import StepCollator
 from data_modules.images import check_procedure_images
 from data_modules.sampling import SplitLoaders, epoch_loader
 from data_modules.views import PretrainingView, SequencingView
+from seqaware.config import argument_hints, check_values
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure, ProcedureFormatError
 
@@ -76,6 +77,11 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         self.tokenizer_name = tokenizer
         self.view_kwargs = dict(view or {})
         self.collator_kwargs = dict(collator or {})
+        # a null (or text) where the view / collator takes a number fails here, naming the key, not at the
+        # first comparison of an epoch (data.view.max_steps=null); train.py checks data.* itself the same way
+        view_class = SequencingView if task == "sequencing" else PretrainingView
+        check_values(self.view_kwargs, argument_hints(view_class), "data.view", view_class.__name__)
+        check_values(self.collator_kwargs, argument_hints(StepCollator), "data.collator", StepCollator.__name__)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers

@@ -216,16 +216,31 @@ class PretrainingSampleTable(pl.Callback):
         return table
 
 
+BASE_HIDDEN_SIZE = 768   # BERT-base / MPNet-base and up: the text models that recipes size for a GPU
+
+
+def text_model_width(pl_module: pl.LightningModule) -> int | None:
+    """The hidden size of the widest Hugging Face transformer inside ``pl_module`` (the encoder's text
+    model: 384 for MiniLM, 768 for MPNet-base, 1024 for RoBERTa-large), None when it holds none."""
+    from transformers import PreTrainedModel
+
+    sizes = [int(getattr(m.config, "hidden_size", 0) or 0) for m in pl_module.modules() if isinstance(m, PreTrainedModel)]
+    return max(sizes) if sizes else None
+
+
 class RuntimeForecast(pl.Callback):
     """Warn early when a fit on the CPU is on course to take longer than ``limit_hours``.
 
     Base-size encoders (``backbones=base``: MPNet-base, 110M parameters) and GPU recipes
     (``hparams=roc_base``) are easy to start on a laptop by mistake.  After ``warmup_steps`` training
-    batches (not timed: the first ones build caches) the next ``measure_steps`` are timed, and the fit's
-    remaining batches (``trainer.estimated_stepping_batches`` times the gradient accumulation) are
-    projected at that pace, validation excluded.  Over ``limit_hours`` on a CPU accelerator, one warning
-    names the projection, the model's size and what to do; nothing is stopped.  On an accelerator
-    other than the CPU, or for a fit without a bound on its steps, it does nothing.
+    batches (not timed: the first ones build caches) the next ``measure_steps`` are timed, and the run
+    that will happen is projected at that pace, validation excluded: the fit's remaining batches
+    (``trainer.estimated_stepping_batches`` times the gradient accumulation: the earlier of
+    ``trainer.max_steps`` and ``max_epochs`` x the epoch's batches), cut short by ``trainer.max_time``
+    when that comes first.  Over ``limit_hours`` on a CPU accelerator, one warning names the projection,
+    what ends the fit, the model's size and what to do (the base-size advice only when the model's text
+    transformer is base-size, hidden size >= 768); nothing is stopped.  On an accelerator other than the
+    CPU, or for a fit bounded by none of the three, it does nothing.
     """
 
     def __init__(self, limit_hours: float = 1.0, warmup_steps: int = 2, measure_steps: int = 3):
@@ -237,6 +252,7 @@ class RuntimeForecast(pl.Callback):
         self._start: float | None = None
         self._done = False
         self.forecast_hours: float | None = None
+        self.stopped_by: str | None = None
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
         if self._start is None and not self._done and self._seen(trainer) == self.warmup_steps:
@@ -245,22 +261,48 @@ class RuntimeForecast(pl.Callback):
     def _seen(self, trainer: pl.Trainer) -> int:
         return int(trainer.fit_loop.epoch_loop.total_batch_idx)
 
+    @staticmethod
+    def _time_left(trainer: pl.Trainer) -> float | None:
+        """Seconds of ``trainer.max_time`` left (Lightning's Timer callback), None without one."""
+        from pytorch_lightning.callbacks import Timer
+
+        timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
+        left = timer.time_remaining() if timer is not None else None
+        return None if left is None else max(float(left), 0.0)
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
         if self._done or self._start is None or self._seen(trainer) + 1 < self.warmup_steps + self.measure_steps:
             return
         self._done = True
         per_batch = (time.monotonic() - self._start) / self.measure_steps
-        total = trainer.estimated_stepping_batches * max(int(trainer.accumulate_grad_batches), 1)
-        if not math.isfinite(total) or not trainer.is_global_zero:
+        if not trainer.is_global_zero:
             return
-        remaining = max(total - self._seen(trainer) - 1, 0)
-        self.forecast_hours = remaining * per_batch / 3600
+        total = trainer.estimated_stepping_batches * max(int(trainer.accumulate_grad_batches), 1)
+        remaining = max(total - self._seen(trainer) - 1, 0)      # inf for a fit without max_steps / max_epochs
+        seconds = remaining * per_batch
+        by_steps = trainer.max_steps != -1 and trainer.estimated_stepping_batches == trainer.max_steps
+        self.stopped_by = "trainer.max_steps" if by_steps else "trainer.max_epochs"
+        time_left = self._time_left(trainer)
+        if time_left is not None and time_left < seconds:
+            seconds, self.stopped_by = time_left, "trainer.max_time"
+            remaining = int(seconds / per_batch) if per_batch > 0 else remaining
+        if not math.isfinite(seconds):
+            self.stopped_by = None
+            return
+        self.forecast_hours = seconds / 3600
         cpu = type(trainer.accelerator).__name__ == "CPUAccelerator"
         if cpu and self.forecast_hours > self.limit_hours:
             params = sum(p.numel() for p in pl_module.parameters()) / 1e6
             message = (f"this fit is on course to take {self.forecast_hours:.1f} h on this CPU ({remaining:,} more "
-                       f"training batches at {per_batch:.2f} s each, validation not counted; a {params:.3g}M-parameter "
-                       "model). Recipes with a base-size encoder (backbones=base) are sized for a GPU "
-                       "(trainer=gpu); on the CPU, lower trainer.max_steps / max_epochs or use backbones=offline.")
+                       f"training batches at {per_batch:.2f} s each until {self.stopped_by} ends it, validation not "
+                       f"counted; a {params:.3g}M-parameter model).")
+            width = text_model_width(pl_module)
+            if width is not None and width >= BASE_HIDDEN_SIZE:
+                message += (f" Its text model is base-size (hidden size {width}); recipes with a base-size encoder "
+                            "(backbones=base) are sized for a GPU (trainer=gpu); on the CPU, lower trainer.max_steps / "
+                            "max_epochs / max_time or use backbones=offline.")
+            else:
+                message += (" To shorten it, lower trainer.max_steps / max_epochs / max_time (or "
+                            "trainer.limit_train_batches), or train on a GPU (trainer=gpu).")
             log.warning(message)
             warnings.warn(message, stacklevel=1)

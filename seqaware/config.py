@@ -44,6 +44,37 @@ def _simple_types(annotation: Any) -> set[type] | None:
     return None
 
 
+_WORDS = {bool: "true/false", int: "an integer", float: "a number", str: "text", type(None): "null"}
+
+
+def check_values(values: dict, hints: dict, key: str, callee: str) -> None:
+    """ValueError naming the key ``{key}.{name}`` for the first of ``values`` that the type annotation
+    ``hints[name]`` of ``callee``'s argument rules out: text where it takes only numbers / booleans
+    (``trainer.max_steps=abc``), or null where it takes no null (``data.view.max_steps=null``, which
+    would otherwise break a comparison far from the config).  Arguments without an annotation, or
+    that also take other types (a class, a container, Any), are not checked."""
+    for name, value in values.items():
+        if not (isinstance(value, str) or value is None) or name not in hints:
+            continue
+        allowed = _simple_types(hints[name])
+        if allowed is None or type(value) in allowed:
+            continue
+        kinds = " or ".join(dict.fromkeys(_WORDS[t] for t in _WORDS if t in allowed))
+        shown = "null" if value is None else repr(value)
+        raise ValueError(f"{key}.{name}={shown}: {callee}({name}=...) takes {kinds}, not {_WORDS[type(value)]}")
+
+
+def argument_hints(fn: Any) -> dict:
+    """The evaluated type annotations of ``fn``'s arguments (a class: its ``__init__``), {} when they do
+    not evaluate."""
+    import typing
+
+    try:
+        return typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn)
+    except Exception:  # noqa: BLE001  (annotations that do not evaluate: nothing is checked)
+        return {}
+
+
 def check_argument_types(cfg: Any, key: str) -> None:
     """ValueError naming the key when a text value is given where a target's argument takes only
     numbers / booleans (``trainer.max_steps=abc``), before anything is built.
@@ -72,14 +103,7 @@ def check_argument_types(cfg: Any, key: str) -> None:
             hints = typing.get_type_hints(fn)
         except Exception:  # noqa: BLE001  (unresolvable target or annotations: instantiate reports it)
             params, hints = {}, {}
-        for name, value in node.items():
-            if not isinstance(value, str) or name not in params or name not in hints:
-                continue
-            allowed = _simple_types(hints[name])
-            if allowed is not None and str not in allowed:
-                words = {int: "an integer", float: "a number", bool: "true/false", type(None): "null"}
-                kinds = " or ".join(dict.fromkeys(words[t] for t in (bool, int, float, type(None)) if t in allowed))
-                raise ValueError(f"{key}.{name}={value!r}: {target.rsplit('.', 1)[-1]}({name}=...) takes {kinds}, not text")
+        check_values({k: v for k, v in node.items() if k in params}, hints, key, target.rsplit('.', 1)[-1])
     for name, value in node.items():
         if isinstance(value, (dict, list)):
             check_argument_types(value, f"{key}.{name}")

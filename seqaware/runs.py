@@ -14,6 +14,8 @@
 * ``run.json`` in the folder records the state: ``running`` | ``interrupted`` | ``failed`` |
   ``finished`` (see docs/running.md), the checkpoint resumed from and the W&B run id (so a resumed
   run logs into the same W&B run).
+* :func:`checkpoint_to_test`: what a run without training tests for ``ckpt_path=`` (the best checkpoint
+  beside it when its run tracked one).
 * :func:`resolve_latest`: ``latest:TASK/FILE`` config values name FILE in the newest finished run of TASK.
 """
 from __future__ import annotations
@@ -273,6 +275,7 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
     checkpoint = load_checkpoint(ckpt_path)
     states = checkpoint.get("callbacks") or {}
     changed = False
+    target = Path(run_dir) / LAST_CHECKPOINT     # where the resumed checkpoint is written (below)
     for cb in callbacks:
         key = getattr(cb, "state_key", None)
         state = states.get(key)
@@ -287,9 +290,12 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
         for path in _checkpoint_paths(state):
             src = Path(path)
             dst = new_dir / src.name
-            if src.is_file() and not dst.exists() and src.resolve() != Path(ckpt_path).resolve():
+            # the resumed file is written below as last.ckpt; tracked under another name (ckpt_path=<its best
+            # checkpoint>) it is copied like the others, so the best it names is there to test
+            written_below = dst.resolve() == target.resolve() and src.resolve() == Path(ckpt_path).resolve()
+            if src.is_file() and not dst.exists() and not written_below:
                 shutil.copy2(src, dst)
-            if not dst.is_file() and src.resolve() != Path(ckpt_path).resolve():  # the resumed file: written below
+            if not dst.is_file() and not written_below:
                 missing.append(path)
             mapping[path] = str(dst)
         if missing:
@@ -306,12 +312,45 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
         changed = True
     if not changed:
         return str(ckpt_path)
-    target = Path(run_dir) / LAST_CHECKPOINT
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(target, "wb") as fh:
         torch.save(checkpoint, fh)
     log.info("resuming %s in %s with its best-checkpoint tracking (copied into %s)", ckpt_path, run_dir, target.parent)
     return str(target)
+
+
+def checkpoint_to_test(ckpt_path: str | os.PathLike, callbacks: list) -> tuple[str, str]:
+    """The checkpoint a run without training (``train=false``) tests for ``ckpt_path=``, and a log line
+    that says which and why.
+
+    A run's ``last.ckpt`` (or any checkpoint) records the best checkpoint its run tracked so far
+    (``best_model_path`` of the monitoring ``ModelCheckpoint``, the one ``callbacks`` monitor first, as
+    :func:`best_checkpoint` picks after a fit): when a file of that name lies beside ``ckpt_path`` it is the one
+    tested, as the run itself would have tested it; otherwise ``ckpt_path`` is.  A best checkpoint records
+    itself, so ``ckpt_path=<run>/checkpoints/best_epoch_002.ckpt`` tests that file, and a copy of ``last.ckpt``
+    taken out of its folder tests its own weights.
+    """
+    from seqaware.checkpoint_io import load_checkpoint
+
+    given = Path(ckpt_path)
+    states = load_checkpoint(given).get("callbacks") or {}
+    keys = [cb.state_key for cb in callbacks if getattr(cb, "monitor", None) and getattr(cb, "state_key", None)]
+    keys += [k for k, v in states.items() if isinstance(v, dict) and v.get("monitor")]
+    state = next((states[k] for k in keys if isinstance(states.get(k), dict) and states[k].get("best_model_path")), None)
+    if state is None:
+        return str(given), (f"testing ckpt_path={given} as given (its run tracked no best checkpoint: no monitored "
+                            "validation metric when it was saved)")
+    recorded = Path(state["best_model_path"])
+    best = given.parent / recorded.name
+    score = state.get("best_model_score")
+    metric = f"{state['monitor']} {float(score):.4f}" if score is not None else state["monitor"]
+    if not best.is_file():
+        return str(given), (f"testing ckpt_path={given} itself: the best checkpoint its run tracked ({recorded.name}, "
+                            f"{metric}) is not beside it")
+    if best.resolve() == given.resolve():
+        return str(given), f"testing ckpt_path={given}, the best checkpoint its run tracked ({metric})"
+    return str(best), (f"testing the best checkpoint {best} ({metric}) that the run of ckpt_path={given} tracked, "
+                       "not ckpt_path itself (to test its own weights, copy it out of that folder)")
 
 
 # ------------------------------------------------------------------------- latest:TASK/FILE

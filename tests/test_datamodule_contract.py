@@ -55,6 +55,30 @@ def test_an_unknown_task_is_refused_naming_the_key():
     assert str(err.value) == "data.task must be one of ('sequencing', 'pretraining'), got 'ordering'"
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"view": {"max_steps": None}}, "data.view.max_steps=null: SequencingView(max_steps=...) takes an integer, not null"),
+    ({"view": {"too_long": None}}, "data.view.too_long=null: SequencingView(too_long=...) takes text, not null"),
+    ({"task": "pretraining", "view": {"max_steps": 5, "min_steps": None}},
+     "data.view.min_steps=null: PretrainingView(min_steps=...) takes an integer, not null"),
+    ({"collator": {"max_tokens": None}}, "data.collator.max_tokens=null: StepCollator(max_tokens=...) takes an integer, "
+                                         "not null"),
+    ({"collator": {"max_sentences": "five"}}, "data.collator.max_sentences='five': StepCollator(max_sentences=...) "
+                                              "takes an integer, not text"),
+], ids=["view.max_steps", "view.too_long", "view.min_steps", "collator.max_tokens", "collator.max_sentences"])
+def test_a_null_or_text_option_of_the_view_or_collator_is_refused_naming_the_key(kwargs, message):
+    """Refused when the data module is built, not at the first comparison of an epoch ('<' between None and int)."""
+    with pytest.raises(ValueError) as err:
+        ProcedureDataModule(Source({}), **kwargs)
+    assert str(err.value) == message
+
+
+def test_options_that_take_null_keep_it():
+    dm = _dm(collator={"use_text": False, "use_images": False, "region_features": None},
+             view={"max_steps": 4, "reference_limit": 10})
+    dm.setup("fit")
+    assert dm.collator.region_cache is None and dm.datasets["train"].max_steps == 4
+
+
 def test_batch_sizes_and_worker_options_reach_the_loaders():
     dm = _dm(batch_size=2, num_workers=0, persistent_workers=True, pin_memory=True, seed=5)
     assert (dm.batch_size, dm.eval_batch_size, dm.persistent_workers) == (2, 2, False)  # no workers: none to keep

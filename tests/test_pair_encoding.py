@@ -311,3 +311,127 @@ def test_test_views_need_the_joint_encoding():
         _module("text", test_views=2)
     with pytest.raises(ValueError, match="model.test_views"):
         _joint(test_views=0)
+
+
+# ---------------------------------------------------------------- the joint window: text + image tokens of a step
+def test_the_visual_tokens_of_a_step_image_for_each_encoder_kind(tmp_path):
+    """One count for the setup check and encode_steps: P per image slot and the real tokens of a step's image."""
+    from types import SimpleNamespace
+
+    from seqaware.encoders import create_encoder
+    from seqaware.encoders.base import step_visual_features
+    from seqaware.encoders.regions import RegionFeatureCache
+    from seqaware.encoders.steps import image_tokens, visual_slot_tokens
+    from seqaware.procedure import Step
+
+    collator = SimpleNamespace(max_boxes=4, use_images=True, transform=SimpleNamespace(size=64), region_cache=None)
+    batch = fake_batch()                                                  # 64-px images, up to 4 boxes
+    vit = create_encoder("clipvil", **TINY_ENCODERS["clipvil"])          # 64 px, 16-px patches: CLS + 16
+    cnn = create_encoder("clipvil", **dict(TINY_ENCODERS["visualbert"],   # EfficientNet grid at 64 px: 2 x 2
+                                           visual=dict(TINY_ENCODERS["visualbert"]["visual"], freeze_bn=False)))
+    boxes = create_encoder("visualbert", **TINY_ENCODERS["visualbert"])  # whole image + max_boxes (4) regions
+    detector = create_encoder("visualbert", config=TINY_ENCODERS["text"]["config"], tokenizer="offline:minilm",
+                              visual=None, visual_feature_dim=8)
+    cnn.train()             # the probe that counts P must not move a training CNN's BatchNorm statistics
+    before = {k: v.clone() for k, v in cnn.visual.state_dict().items()}
+    assert [visual_slot_tokens(e, collator) for e in (vit, cnn, boxes, detector)] == [17, 4, 5, 5]
+    assert all(torch.equal(v, before[k]) for k, v in cnn.visual.state_dict().items()) and cnn.visual.training
+    with torch.no_grad():   # what the encoders give the collated batch
+        assert [step_visual_features(e, batch)[0].shape[2] for e in (vit, cnn, boxes)] == [17, 4, 5]
+
+    image, two_boxes = Step(text="a", images=["a.png"]), Step(text="b", images=["b.png"], boxes=[[0, 0, 4, 4]] * 2)
+    five_boxes, no_image = Step(text="c", images=["c.png"], boxes=[[0, 0, 4, 4]] * 5), Step(text="d")
+    assert [image_tokens(vit, collator, s, None, 17) for s in (image, two_boxes, no_image)] == [17, 17, 0]
+    assert [image_tokens(boxes, collator, s, None, 5) for s in (image, two_boxes, five_boxes, no_image)] == [1, 3, 5, 0]
+    collator.region_cache = RegionFeatureCache(tmp_path / "regions", max_regions=4)
+    (tmp_path / "regions").mkdir()
+    torch.save({"image_feature": torch.zeros(8), "features": torch.zeros(2, 8), "boxes": torch.zeros(2, 4)},
+               collator.region_cache.file(tmp_path / "a.png"))
+    assert image_tokens(detector, collator, image, str(tmp_path), 5) == 3          # the file's 2 regions + the image
+    assert image_tokens(detector, collator, image, str(tmp_path), 5, read=False) == 5   # unread: the most it may give
+    collator.use_images = False
+    assert image_tokens(vit, collator, image, None, 17) == 0
+
+
+def test_step_lengths_pack_text_without_its_cls_and_images_per_slot_or_per_image():
+    from seqaware.encoders import create_encoder
+    from seqaware.encoders.steps import step_lengths
+
+    text, visual = torch.tensor([5, 3, 0]), torch.tensor([4, 0, 0])   # the last slot: padding
+    kwargs = dict(TINY_ENCODERS["clipvil"], step_embedding=False)
+    per_image = create_encoder("clipvil", visual_positions="image", **kwargs)
+    sequence = create_encoder("clipvil", visual_positions="sequence", **kwargs)
+    only_text = create_encoder("text", **TINY_ENCODERS["text"])
+    only_images = create_encoder("image", **TINY_ENCODERS["image"])
+    assert step_lengths(per_image, text, visual, 4).tolist() == [8, 2, 0]
+    assert step_lengths(sequence, text, visual, 4).tolist() == [8, 6, 4]    # every slot's P positions
+    assert step_lengths(only_text, text, visual, 4).tolist() == [4, 2, 0]
+    assert step_lengths(only_images, text, visual, 4).tolist() == [4, 0, 0]
+
+
+class _FirstStep(Exception):
+    """Raised by the first training step: the setup checks let the run through."""
+
+
+def test_the_joint_window_check_counts_a_multimodal_steps_image_tokens(compose_train, monkeypatch):
+    """joint_max_tokens=20 holds 19 tokens after [CLS]: every step's text fits (the tiny world's longest packs to
+    18), text + the 4 grid tokens of its 64-px image do not.  The multimodal run is refused when the fit starts,
+    naming the procedure, step, split and keys; the text-only encoder with the same setting reaches its first step."""
+    import re
+
+    import train
+    from conftest import TINY_BERT
+
+    def first_step(*args, **kwargs):
+        raise _FirstStep
+    monkeypatch.setattr(type(_module("text")), "training_step", first_step)
+    overrides = ["experiment=berson_finetune", "model.pair_encoding=joint", "model.joint_max_tokens=20",
+                 f"model.encoder.config={TINY_BERT}", "data.collator.image_size=64", "trainer.max_steps=2"]
+    datamodule, model, trainer = train.build(compose_train(*overrides))
+    with pytest.raises(ValueError) as err:
+        trainer.fit(model, datamodule=datamodule)
+    said = re.fullmatch(
+        r"model\.joint_max_tokens=20: step (\d) of procedure '(.+)' \((train|val|test) split\) packs to (\d+) tokens "
+        r"and a window holds 19 after its \[CLS\] \((\d+) text \+ 4 visual tokens of its image; the encoder's "
+        r"positions allow 128\): raise model\.joint_max_tokens or lower data\.collator\.max_tokens \(now 60\) or "
+        r"data\.collator\.image_size \(now 64: 4 visual tokens per image\)", str(err.value))
+    assert said, str(err.value)
+    k, pid, split, total, text = said.groups()
+    step = next(p for p in datamodule.datasets[split].procedures if p.id == pid).steps[int(k)]
+    assert step.images and int(text) == len(datamodule.collator.tokens.ids([step.text], 60, 5)[0]) - 1
+    assert int(text) <= 19 < int(total) == int(text) + 4
+    datamodule, model, trainer = train.build(compose_train(*overrides, "modality=text"))
+    with pytest.raises(_FirstStep):
+        trainer.fit(model, datamodule=datamodule)
+
+
+def test_the_joint_window_check_names_the_step_and_counts_only_real_images():
+    """Text-only: the text key alone.  Multimodal (CLS + 16 ViT patches of a 64-px image): a step without an
+    image takes its text alone; the first step whose text + image tokens break the window is named."""
+    from types import SimpleNamespace
+
+    from data_modules.collate import StepCollator
+    from data_modules.views import SequencingView
+    from seqaware.pretrained import load_tokenizer
+    from seqaware.procedure import Procedure, Step
+
+    words = "one two three four five six seven eight nine ten"
+    procs = [Procedure(id="p0", steps=[Step(text=words), Step(text="a b", images=["x.png"])]),
+             Procedure(id="p1", steps=[Step(text="short"), Step(text="a b c d", images=["y.png"])])]
+    collator = StepCollator(load_tokenizer("offline:minilm"), image_size=64)
+    dm = SimpleNamespace(collator=collator, datasets={"val": SequencingView(procs)})
+    with pytest.raises(ValueError) as err:
+        _joint(joint_max_tokens=11)._check_joint_budget(dm)        # 10 words + [SEP]: 11 > 10 after [CLS]
+    assert str(err.value) == (
+        "model.joint_max_tokens=11: step 0 of procedure 'p0' (val split) packs to 11 tokens and a window holds 10 "
+        "after its [CLS] (the encoder's positions allow 128): raise model.joint_max_tokens or lower "
+        "data.collator.max_tokens (now 60)")
+    _joint(joint_max_tokens=12)._check_joint_budget(dm)            # fits
+    _joint("multimodal", joint_max_tokens=23)._check_joint_budget(dm)   # 22 after [CLS]: p0's 10 words have no image
+    with pytest.raises(ValueError) as err:
+        _joint("multimodal", joint_max_tokens=22)._check_joint_budget(dm)
+    assert str(err.value) == (
+        "model.joint_max_tokens=22: step 1 of procedure 'p1' (val split) packs to 22 tokens and a window holds 21 "
+        "after its [CLS] (5 text + 17 visual tokens of its image; the encoder's positions allow 128): raise "
+        "model.joint_max_tokens or lower data.collator.max_tokens (now 60) or data.collator.image_size (now 64: 17 "
+        "visual tokens per image)")

@@ -163,7 +163,77 @@ def test_runtime_forecast_warns_once_when_a_cpu_fit_would_take_over_the_limit(mo
     messages = [r.getMessage() for r in caplog.records if "on course to take" in r.getMessage()]
     assert len(messages) == int(warned)
     if warned:
-        assert "2.8 h on this CPU" in messages[0] and "995 more training batches at 10.00 s" in messages[0]
-        assert "backbones=offline" in messages[0]
+        assert messages[0] == (
+            "this fit is on course to take 2.8 h on this CPU (995 more training batches at 10.00 s each until "
+            "trainer.max_steps ends it, validation not counted; a 3e-06M-parameter model). To shorten it, lower "
+            "trainer.max_steps / max_epochs / max_time (or trainer.limit_train_batches), or train on a GPU (trainer=gpu).")
     with pytest.raises(ValueError, match="limit_hours > 0"):
         RuntimeForecast(limit_hours=0)
+
+
+def _forecast_fit(monkeypatch, module_cls=None, **trainer_kwargs):
+    """A CPU fit of 10-s batches (fake clock, Lightning's max_time Timer on the same clock) -> the callback."""
+    from seqaware.callbacks import RuntimeForecast
+
+    fake = FakeClock()
+    monkeypatch.setattr("seqaware.callbacks.time.monotonic", fake)
+    monkeypatch.setattr("pytorch_lightning.callbacks.timer.time.monotonic", fake)
+    forecast = RuntimeForecast(limit_hours=1.0, warmup_steps=2, measure_steps=3)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[forecast], **trainer_kwargs)
+    loader = DataLoader(TensorDataset(torch.zeros(200, 2)), batch_size=1)
+    trainer.fit((module_cls or _TenSecondSteps)(fake), loader)
+    return forecast
+
+
+@pytest.mark.parametrize("trainer_kwargs, hours, stopped_by, batches", [
+    ({"max_steps": 1000, "max_time": {"hours": 2}}, (7200 - 50) / 3600, "trainer.max_time", 715),  # max_time first
+    ({"max_steps": 1000, "max_time": {"hours": 5}}, 995 * 10 / 3600, "trainer.max_steps", 995),   # max_steps first
+    ({"max_epochs": 3, "max_time": {"hours": 5}}, 595 * 10 / 3600, "trainer.max_epochs", 595),    # 3 x 200 batches
+    ({"max_epochs": -1, "max_time": {"hours": 2}}, (7200 - 50) / 3600, "trainer.max_time", 715),  # only max_time
+], ids=["max_time", "max_steps", "max_epochs", "max_time_alone"])
+def test_runtime_forecast_projects_the_run_the_first_bound_ends(monkeypatch, caplog, trainer_kwargs, hours, stopped_by,
+                                                                 batches):
+    """The projection is the run that will happen: the earliest of max_steps, max_epochs x batches and max_time
+    (whose Timer has run 50 s when the forecast is made, after the 5th batch)."""
+    with caplog.at_level("WARNING", logger="seqaware.callbacks"):
+        forecast = _forecast_fit(monkeypatch, **trainer_kwargs)
+    assert forecast.forecast_hours == pytest.approx(hours) and forecast.stopped_by == stopped_by
+    [message] = [r.getMessage() for r in caplog.records if "on course to take" in r.getMessage()]
+    assert f"({batches:,} more training batches at 10.00 s each until {stopped_by} ends it" in message
+
+
+def test_runtime_forecast_is_silent_for_a_fit_without_any_bound(monkeypatch, caplog):
+    with caplog.at_level("WARNING", logger="seqaware.callbacks"):
+        forecast = _forecast_fit(monkeypatch, max_epochs=-1)
+    assert forecast.forecast_hours is None and forecast.stopped_by is None
+    assert not [r for r in caplog.records if "on course to take" in r.getMessage()]
+
+
+def _with_text_model(hidden: int):
+    from transformers import BertConfig, BertModel
+
+    class WithTextModel(_TenSecondSteps):
+        def __init__(self, clock):
+            super().__init__(clock)
+            self.text = BertModel(BertConfig(vocab_size=8, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=8, max_position_embeddings=4))
+    return WithTextModel
+
+
+@pytest.mark.parametrize("hidden, base", [(768, True), (1024, True), (32, False)])
+def test_runtime_forecast_names_base_size_encoders_only_when_the_model_has_one(monkeypatch, caplog, hidden, base):
+    from seqaware.callbacks import text_model_width
+
+    with caplog.at_level("WARNING", logger="seqaware.callbacks"):
+        _forecast_fit(monkeypatch, _with_text_model(hidden), max_steps=1000)
+    [message] = [r.getMessage() for r in caplog.records if "on course to take" in r.getMessage()]
+    assert ("backbones=base" in message) is base and ("base-size" in message) is base
+    if base:
+        assert message.endswith(f"Its text model is base-size (hidden size {hidden}); recipes with a base-size encoder "
+                                "(backbones=base) are sized for a GPU (trainer=gpu); on the CPU, lower trainer.max_steps / "
+                                "max_epochs / max_time or use backbones=offline.")
+    else:
+        assert message.endswith("or train on a GPU (trainer=gpu).")
+    assert text_model_width(_with_text_model(hidden)(FakeClock())) == hidden
+    assert text_model_width(_TenSecondSteps(FakeClock())) is None

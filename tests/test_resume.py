@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -175,6 +176,23 @@ def test_a_bad_config_value_fails_the_run_naming_the_key(compose_train):
         train.build(_short(compose_train, "data.batch_size=x"))
 
 
+@pytest.mark.parametrize("override, message", [
+    ("trainer.max_steps=null", "trainer.max_steps=null: Trainer(max_steps=...) takes an integer, not null"),
+    ("data.batch_size=null", "data.batch_size=null: ProcedureDataModule(batch_size=...) takes an integer, not null"),
+    ("data.view.max_steps=null", "data.view.max_steps=null: SequencingView(max_steps=...) takes an integer, not null"),
+    ("data.collator.max_sentences=null",
+     "data.collator.max_sentences=null: StepCollator(max_sentences=...) takes an integer, not null"),
+])
+def test_a_null_that_would_break_a_comparison_stops_the_build_naming_the_key(compose_train, override, message):
+    """null where the argument takes a number: one error naming the key while the run is built, not a
+    TypeError ('<' not supported between 'NoneType' and 'int') at the first batch."""
+    from hydra.errors import InstantiationException
+
+    with pytest.raises((ValueError, InstantiationException)) as err:   # Hydra wraps what a constructor raises
+        train.build(_short(compose_train, override))
+    assert str(err.value).endswith(message) or f"ValueError('{message}')" in str(err.value), str(err.value)
+
+
 # ------------------------------------------------------------------------------ latest:TASK/FILE
 def _finished_run(root: Path, name: str, finished_at: str, status: str = "finished", file: str = "encoder.pt") -> Path:
     folder = root / name
@@ -321,6 +339,45 @@ def test_resume_from_another_folder_keeps_best_checkpoint_tracking(compose_train
     assert tested == str(tmp_path / "b" / "checkpoints" / "best_epoch_000.ckpt"), tested
     assert read_test_metrics(tmp_path / "b") == read_test_metrics(tmp_path / "straight")
     assert (tmp_path / "a" / "checkpoints" / "best_epoch_000.ckpt").is_file()  # the source run is left as it was
+
+
+def test_a_new_folder_from_another_runs_checkpoint_tests_that_runs_best_and_says_so(compose_train, tmp_path, caplog):
+    """ckpt_path= into a new run folder, without training (train=false, ckpt_path=<run>/last.ckpt) and with it
+    (ckpt_path=<run>/<its best checkpoint>): both test the best checkpoint, and the log names it."""
+    import logging
+
+    frozen = ["model.optimizer.lr=0.0", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+              "trainer.limit_test_batches=1", "trainer.max_epochs=1"]
+    train.run(_short(compose_train, *frozen, f"paths.output_dir={tmp_path / 'a'}"))
+    source = tmp_path / "a" / "checkpoints"
+    best = source / "best_epoch_000.ckpt"
+    caplog.set_level(logging.INFO, logger="seqaware.train")
+    train.run(_short(compose_train, *frozen, "train=false", f"ckpt_path={source / 'last.ckpt'}",
+                     f"paths.output_dir={tmp_path / 'c'}"))
+    assert runs.read_state(tmp_path / "c")["tested_checkpoint"] == str(best)
+    assert read_test_metrics(tmp_path / "c") == read_test_metrics(tmp_path / "a")
+    [said] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("testing ")]
+    assert said.startswith(f"testing the best checkpoint {best} (val/pmr ") and said.endswith(
+        f") that the run of ckpt_path={source / 'last.ckpt'} tracked, not ckpt_path itself (to test its own weights, "
+        "copy it out of that folder)")
+    caplog.clear()
+    train.run(_short(compose_train, *frozen, "trainer.max_epochs=2", f"ckpt_path={best}",
+                     f"paths.output_dir={tmp_path / 'b'}"))
+    assert runs.read_state(tmp_path / "b")["tested_checkpoint"] == str(tmp_path / "b" / "checkpoints" / "best_epoch_000.ckpt")
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("testing ")] == [
+        f"testing the best checkpoint {tmp_path / 'b' / 'checkpoints' / 'best_epoch_000.ckpt'}"]
+
+
+def test_a_test_only_run_without_a_checkpoint_says_it_tests_the_built_weights(caplog):
+    from omegaconf import OmegaConf
+
+    trainer = SimpleNamespace(checkpoint_callbacks=[])
+    with caplog.at_level("WARNING", logger="seqaware.train"):
+        assert train._checkpoint_to_test(OmegaConf.create({"train": False, "ckpt_path": None}), trainer) is None
+    assert caplog.messages == [
+        "train=false without ckpt_path: testing the current weights, those the model was built with (its "
+        "initialisation and any checkpoint its config loads, e.g. model.encoder.ckpt); give "
+        "ckpt_path=RUN/checkpoints/best_....ckpt to test a trained run"]
 
 
 def test_resume_in_a_moved_run_folder_keeps_the_best_checkpoint(compose_train, tmp_path):

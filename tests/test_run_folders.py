@@ -490,6 +490,74 @@ def test_a_state_tracking_nothing_yet_just_moves_its_folder(tmp_path):
                                                                     "best_model_path": "", "best_k_models": {}}
 
 
+def test_resuming_from_the_best_checkpoint_itself_copies_it_so_the_test_finds_it(tmp_path, caplog):
+    """ckpt_path=<run>/checkpoints/best_epoch_002.ckpt: the file it resumes is the best it tracks; it lands in
+    the new folder under its own name too (not only as last.ckpt), so 'best' is still a file to test."""
+    _, state = _tracked_run(tmp_path / "a")
+    best = tmp_path / "a" / "checkpoints" / "best_epoch_002.ckpt"
+    torch.save({"global_step": 12, "callbacks": {KEY: state}}, best)
+    new_ck = tmp_path / "b" / "checkpoints"
+    with caplog.at_level(logging.WARNING, logger="seqaware.runs"):
+        resumed = runs.rehome_checkpoint(best, [SimpleNamespace(state_key=KEY, dirpath=str(new_ck))], tmp_path / "b")
+    assert not caplog.records
+    assert resumed == str(new_ck / "last.ckpt")
+    assert (new_ck / "best_epoch_002.ckpt").read_bytes() == best.read_bytes()
+    assert torch.load(resumed, weights_only=True)["callbacks"][KEY]["best_model_path"] == str(new_ck / "best_epoch_002.ckpt")
+
+
+# ------------------------------------------------------------------------------ the checkpoint a test-only run tests
+def test_a_test_only_run_of_a_last_checkpoint_tests_the_best_beside_it(tmp_path):
+    source, _ = _tracked_run(tmp_path / "a")
+    best = tmp_path / "a" / "checkpoints" / "best_epoch_002.ckpt"
+    assert runs.checkpoint_to_test(source, [SimpleNamespace(state_key=KEY, monitor="val/acc")]) == (
+        str(best), f"testing the best checkpoint {best} (val/acc 0.9000) that the run of ckpt_path={source} tracked, not "
+                   "ckpt_path itself (to test its own weights, copy it out of that folder)")
+    assert runs.checkpoint_to_test(source, [])[0] == str(best)     # a config without the same callback: any monitored one
+
+
+def test_a_test_only_run_finds_the_best_beside_a_moved_run_and_never_outside_it(tmp_path):
+    source, _ = _tracked_run(tmp_path / "a")
+    (tmp_path / "a").rename(tmp_path / "moved")
+    moved = tmp_path / "moved" / "checkpoints"
+    assert runs.checkpoint_to_test(moved / "last.ckpt", [])[0] == str(moved / "best_epoch_002.ckpt")
+    copy = tmp_path / "last_copy.ckpt"                               # taken out of its folder: its own weights
+    copy.write_bytes((moved / "last.ckpt").read_bytes())
+    assert runs.checkpoint_to_test(copy, []) == (
+        str(copy), f"testing ckpt_path={copy} itself: the best checkpoint its run tracked (best_epoch_002.ckpt, "
+                   "val/acc 0.9000) is not beside it")
+
+
+def test_a_test_only_run_of_a_best_checkpoint_tests_that_file(tmp_path):
+    _, state = _tracked_run(tmp_path / "a")
+    best = tmp_path / "a" / "checkpoints" / "best_epoch_001.ckpt"   # saved when it was the best: it names itself
+    torch.save({"callbacks": {KEY: dict(state, best_model_path=str(best), best_model_score=torch.tensor(0.7))}}, best)
+    assert runs.checkpoint_to_test(best, []) == (
+        str(best), f"testing ckpt_path={best}, the best checkpoint its run tracked (val/acc 0.7000)")
+
+
+def test_a_test_only_run_of_a_checkpoint_tracking_no_best_tests_it_as_given(tmp_path):
+    path = tmp_path / "x.ckpt"
+    last_only = "ModelCheckpoint{'monitor': None}"
+    torch.save({"callbacks": {last_only: {"monitor": None, "best_model_path": str(path)},
+                              KEY: {"monitor": "val/acc", "best_model_path": ""}}}, path)
+    assert runs.checkpoint_to_test(path, [SimpleNamespace(state_key=KEY, monitor="val/acc")]) == (
+        str(path), f"testing ckpt_path={path} as given (its run tracked no best checkpoint: no monitored validation "
+                   "metric when it was saved)")
+
+
+def test_the_test_prefers_the_state_of_the_callback_the_run_monitors_first(tmp_path):
+    ck = tmp_path / "checkpoints"
+    ck.mkdir()
+    other = "ModelCheckpoint{'monitor': 'val/loss', 'mode': 'min'}"
+    for name in ("by_acc.ckpt", "by_loss.ckpt"):
+        (ck / name).write_bytes(b"x")
+    torch.save({"callbacks": {other: {"monitor": "val/loss", "best_model_path": str(ck / "by_loss.ckpt")},
+                              KEY: {"monitor": "val/acc", "best_model_path": str(ck / "by_acc.ckpt")}}}, ck / "last.ckpt")
+    assert runs.checkpoint_to_test(ck / "last.ckpt", [SimpleNamespace(state_key=KEY, monitor="val/acc")])[0] == str(
+        ck / "by_acc.ckpt")
+    assert runs.checkpoint_to_test(ck / "last.ckpt", [])[0] == str(ck / "by_loss.ckpt")  # none given: the first saved
+
+
 # ------------------------------------------------------------------------------ latest:TASK/FILE
 def _finished(folder: Path, finished_at: str | None, status: str = "finished", files: tuple[str, ...] = ("enc.pt",)):
     folder.mkdir(parents=True)

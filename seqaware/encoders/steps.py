@@ -120,6 +120,59 @@ def position_limit(encoder: SequenceEncoder) -> int:
     return int(encoder.backbone.config.max_position_embeddings) - offset
 
 
+def step_lengths(encoder: SequenceEncoder, text: Optional[torch.Tensor], visual: Optional[torch.Tensor],
+                 slot: int) -> torch.Tensor:
+    """Tokens each step takes in a joint window (what :func:`step_windows` packs), for ``encoder``.
+
+    ``text``: each step's tokenised length, its own special tokens included (0 for a padding slot); packed,
+    a step drops its [CLS] and keeps its [SEP].  ``visual``: the real visual tokens of each step's image (0
+    without a usable image, :func:`image_tokens`); with ``visual_positions: sequence`` every slot takes its
+    ``slot`` tokens (P, :func:`visual_slot_tokens`) instead, image or not, as its positions run over all slots.
+    Tensors of any (matching) shape; ``text`` is ignored by an image-only encoder, ``visual`` by a text one.
+    """
+    lengths = (text - 1).clamp(min=0) if encoder.uses_text else None
+    if encoder.uses_images:
+        seen = torch.full_like(visual, slot) if getattr(encoder, "visual_positions", "image") == "sequence" else visual
+        lengths = seen if lengths is None else lengths + seen
+    return lengths
+
+
+def region_tokens(encoder: SequenceEncoder) -> bool:
+    """Whether ``encoder``'s visual tokens of an image are the whole image + object regions (VisualBERT:
+    RoIAlign of its boxes, or cached detector regions), as opposed to a backbone's token grid (CLIP-ViL)."""
+    return getattr(encoder, "regions", None) is not None or getattr(encoder, "visual", None) is None
+
+
+def visual_slot_tokens(encoder: SequenceEncoder, collator) -> int:
+    """P: the visual tokens of one step's image slot in the batches ``collator``
+    (:class:`data_modules.collate.StepCollator`) makes for ``encoder`` -- what :func:`encode_steps` reads as
+    ``visual_feats.shape[2]``: the whole image + ``data.collator.max_boxes`` regions for region encoders
+    (:func:`region_tokens`), else the visual backbone's tokens at ``data.collator.image_size`` (CLIP ViT:
+    CLS + patches; a CNN: its grid cells, e.g. 2 x 2 for EfficientNet at 64 px)."""
+    if region_tokens(encoder):
+        return 1 + int(collator.max_boxes)
+    return encoder.visual.num_tokens(collator.transform.size)
+
+
+def image_tokens(encoder: SequenceEncoder, collator, step, root: Optional[str], slot: int, read: bool = True) -> int:
+    """The real visual tokens ``step``'s image gives ``encoder`` in ``collator``'s batches (0 without an image):
+    all ``slot`` tokens of a backbone's grid; for regions the whole image + its boxes (at most
+    ``data.collator.max_boxes``), for cached detector regions the whole image + the regions of its cache file
+    (at most ``max_boxes``; the file is read only with ``read``, else the most it may give, ``slot``)."""
+    if not step.images or not collator.use_images:
+        return 0
+    if not region_tokens(encoder):
+        return slot
+    if getattr(encoder, "visual", None) is not None:                   # RoIAlign in the step's own object boxes
+        return 1 + min(len(step.boxes or ()), int(collator.max_boxes))
+    if not read or collator.region_cache is None:
+        return slot
+    from seqaware.procedure import resolve_path
+
+    record = collator.region_cache.load(resolve_path(step.images[0], root))
+    return 1 + min(int(record["features"].shape[0]), int(collator.max_boxes))
+
+
 def alternating_segments(text_step: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """BERT4SO's interval segments for a packed ``[CLS] s_0 [SEP] s_1 [SEP] ...``: token type 0 for the
     tokens of even steps, 1 for odd steps, each step's closing [SEP] with its step; [CLS] and padding 0.
@@ -160,18 +213,14 @@ def encode_steps(encoder: SequenceEncoder, batch: dict, max_tokens: int, key: st
     step_mask = batch["step_mask"].bool()
     B, S = step_mask.shape
     device = step_mask.device
-    lengths = torch.zeros(B, S, dtype=torch.long, device=device)
-    feats = patch_mask = visual_mask = None
-    if encoder.uses_text:
-        lengths += (batch["attention_mask"].sum(-1) - 1).clamp(min=0)   # packed: no own [CLS], its [SEP] kept
+    feats = patch_mask = visual_mask = visual = None
+    text = batch["attention_mask"].sum(-1) if encoder.uses_text else None
     if encoder.uses_images:
         feats, patch_mask, visual_mask = step_visual_features(encoder, batch)
         visual_mask = visual_mask.bool()
-        if getattr(encoder, "visual_positions", "image") == "sequence":
-            lengths += feats.shape[2]  # positions 0..S*P-1 run over every slot's P visual tokens
-        else:
-            per_image = patch_mask.sum(-1) if patch_mask is not None else torch.full_like(lengths, feats.shape[2])
-            lengths += per_image * visual_mask
+        real = patch_mask.sum(-1) if patch_mask is not None else torch.full((B, S), feats.shape[2], device=device)
+        visual = real.long() * visual_mask
+    lengths = step_lengths(encoder, text, visual, feats.shape[2] if feats is not None else 0)
     budget = min(int(max_tokens), position_limit(encoder))
     max_steps = getattr(encoder, "max_steps", None) if getattr(encoder, "step_embedding", None) is not None else None
 

@@ -104,10 +104,19 @@ class VisualBackbone(nn.Module):
         return self
 
     def num_tokens(self, image_size: Optional[int] = None) -> int:
-        """P for a square input of ``image_size`` pixels (default: the backbone's own size)."""
-        with torch.no_grad():
-            probe = torch.zeros(1, 3, image_size or self.image_size, image_size or self.image_size)
-            return int(self.tokens(probe).shape[1])
+        """P for a square input of ``image_size`` pixels (default: the backbone's own size).  The probe runs in
+        eval mode on the backbone's device, so it leaves no trace (BatchNorm statistics of a trainable CNN)."""
+        size = image_size or self.image_size
+        weight = next(self.parameters(), None)
+        probe = torch.zeros(1, 3, size, size, device=None if weight is None else weight.device,
+                            dtype=None if weight is None else weight.dtype)
+        mode = self.training
+        self.train(False)
+        try:
+            with torch.no_grad():
+                return int(self.tokens(probe).shape[1])
+        finally:
+            self.train(mode)
 
     def tokens(self, pixels: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError

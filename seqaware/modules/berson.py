@@ -154,24 +154,55 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             self._check_joint_budget(dm)
 
     def _check_joint_budget(self, dm) -> None:
-        """Every step's text must fit one joint window (``model.joint_max_tokens``, the encoder's positions):
-        checked on the data before the first step, not when the batch that holds the step comes.  Free when
-        the collator's per-step cap fits; otherwise every step of every split is measured once."""
-        budget = min(self.joint_max_tokens, position_limit(self.encoder)) - 1   # the window's [CLS] takes one
-        collator = dm.collator
-        if collator.tokens is None or collator.max_tokens - 1 <= budget:
+        """Every step must fit one joint window (``model.joint_max_tokens``, the encoder's positions): its text
+        tokens plus, for an encoder with images, its image's visual tokens, counted as
+        :func:`~seqaware.encoders.steps.encode_steps` counts them (:func:`~seqaware.encoders.steps.step_lengths`).
+        Checked on the data of every split before the first step, not when the batch that holds the step comes.
+        Free when the collator's caps fit (the per-step text cap + one image slot); otherwise every step of every
+        split is measured once."""
+        from seqaware.encoders.steps import image_tokens, step_lengths, visual_slot_tokens
+
+        enc, collator = self.encoder, dm.collator
+        budget = min(self.joint_max_tokens, position_limit(enc)) - 1   # the window's [CLS] takes one
+        if enc.uses_text and collator.tokens is None:
+            return
+        slot = visual_slot_tokens(enc, collator) if enc.uses_images else 0
+        if int(step_lengths(enc, torch.tensor([collator.max_tokens]), torch.tensor([slot]), slot)) <= budget:
             return
         for split, view in dm.datasets.items():
             for proc in getattr(view, "procedures", ()):
                 steps = proc.steps[: getattr(view, "max_steps", len(proc.steps))]
-                ids = collator.tokens.ids([s.text or "" for s in steps], collator.max_tokens, collator.max_sentences)
-                for k, x in enumerate(ids):
-                    if len(x) - 1 > budget:
-                        raise ValueError(
-                            f"model.joint_max_tokens={self.joint_max_tokens}: step {k} of procedure {proc.id!r} ({split} "
-                            f"split) packs to {len(x) - 1} tokens and a window holds {budget} after its [CLS] (the "
-                            f"encoder's positions allow {position_limit(self.encoder)}): raise model.joint_max_tokens "
-                            f"or lower data.collator.max_tokens (now {collator.max_tokens})")
+                text = torch.zeros(len(steps), dtype=torch.long)
+                if enc.uses_text:
+                    ids = collator.tokens.ids([s.text or "" for s in steps], collator.max_tokens, collator.max_sentences)
+                    text = torch.tensor([len(x) for x in ids])
+                visual = torch.tensor([image_tokens(enc, collator, s, proc.root, slot, read=False) for s in steps])
+                for k in (step_lengths(enc, text, visual, slot) > budget).nonzero().flatten().tolist():
+                    if enc.uses_images:   # a cached detector file is read only for a step that its bound breaks
+                        visual[k] = image_tokens(enc, collator, steps[k], proc.root, slot)
+                    if int(step_lengths(enc, text[k:k + 1], visual[k:k + 1], slot)) > budget:
+                        raise ValueError(self._joint_budget_error(collator, budget, slot, split, proc.id, k,
+                                                                  int(text[k]), int(visual[k])))
+
+    def _joint_budget_error(self, collator, budget: int, slot: int, split: str, proc_id: str, k: int, text: int,
+                            visual: int) -> str:
+        """The message of :meth:`_check_joint_budget`: the step, its tokens and the keys that make it fit."""
+        from seqaware.encoders.steps import region_tokens, step_lengths
+
+        enc = self.encoder
+        total = int(step_lengths(enc, torch.tensor([text]), torch.tensor([visual]), slot))
+        packed = max(text - 1, 0) if enc.uses_text else 0
+        detail, lower = "", []
+        if enc.uses_text:
+            lower.append(f"data.collator.max_tokens (now {collator.max_tokens})")
+        if enc.uses_images:
+            detail = (f"{packed} text + " if enc.uses_text else "") + f"{total - packed} visual tokens of its image; "
+            key, now = (("data.collator.max_boxes", collator.max_boxes) if region_tokens(enc)
+                        else ("data.collator.image_size", collator.transform.size))
+            lower.append(f"{key} (now {now}: {slot} visual tokens per image)")
+        return (f"model.joint_max_tokens={self.joint_max_tokens}: step {k} of procedure {proc_id!r} ({split} split) "
+                f"packs to {total} tokens and a window holds {budget} after its [CLS] ({detail}the encoder's positions "
+                f"allow {position_limit(enc)}): raise model.joint_max_tokens or lower {' or '.join(lower)}")
 
     def param_groups(self) -> list[dict]:
         enc = [p for p in self.encoder.parameters() if p.requires_grad]
