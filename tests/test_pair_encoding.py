@@ -405,6 +405,21 @@ def test_the_joint_window_check_counts_a_multimodal_steps_image_tokens(compose_t
         trainer.fit(model, datamodule=datamodule)
 
 
+def test_the_joint_window_check_covers_image_only_encoders(compose_train):
+    """Image-only: a window of joint_max_tokens=4 holds 3 tokens after [CLS], a 64-px image gives 4 grid tokens."""
+    import train
+
+    overrides = ["experiment=berson_finetune", "model.pair_encoding=joint", "model.joint_max_tokens=4",
+                 "data.collator.image_size=64", "trainer.max_steps=2", "modality=image"]
+    datamodule, model, trainer = train.build(compose_train(*overrides))
+    with pytest.raises(ValueError) as err:
+        trainer.fit(model, datamodule=datamodule)
+    assert str(err.value).startswith("model.joint_max_tokens=4: step 0 of procedure ")
+    assert str(err.value).endswith("packs to 4 tokens and a window holds 3 after its [CLS] (4 visual tokens of its "
+                                   "image; the encoder's positions allow 512): raise model.joint_max_tokens or lower "
+                                   "data.collator.image_size (now 64: 4 visual tokens per image)")
+
+
 def test_the_joint_window_check_names_the_step_and_counts_only_real_images():
     """Text-only: the text key alone.  Multimodal (CLS + 16 ViT patches of a 64-px image): a step without an
     image takes its text alone; the first step whose text + image tokens break the window is named."""

@@ -150,7 +150,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if self.decoding == "exact" and hasattr(dm, "view_kwargs"):
             check_exact_steps(dm.view_kwargs.get("max_steps", 5), "model.decoding")
-        if self.pair_encoding == "joint" and self.encoder.uses_text and hasattr(dm, "datasets"):
+        if self.pair_encoding == "joint" and hasattr(dm, "datasets"):
             self._check_joint_budget(dm)
 
     def _check_joint_budget(self, dm) -> None:
