@@ -33,6 +33,9 @@ it measured.
 
 Without a GPU it runs the CPU subset of the same steps at toy sizes (``--short`` is implied): the
 scripts cannot rot between the sessions that get a GPU. The report says which machine it ran on.
+
+BERSON's ROCStories figure with the real MPNet-base is not a step here: it needs the weights and the ROC files
+carried in parts over two earlier calls and a whole call of its own (scripts/gpu_roc.py).
 """
 from __future__ import annotations
 

