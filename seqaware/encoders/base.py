@@ -44,7 +44,8 @@ def pack_steps(input_ids: torch.Tensor, attention_mask: torch.Tensor, step_mask:
     separator.  ``pair_sep_id`` (RoBERTa / MPNet pairs, ``<s> a </s></s> b </s>``): every step after the
     first opens with that separator instead of dropping its CLS.  Returns ``input_ids``,
     ``attention_mask`` (B, T) long and ``text_step`` (B, T): the step index of each text token, -1 for
-    CLS, separators and padding.  T = 1 + the longest packed instance.  Vectorised: one scatter, no Python loop over samples or steps.
+    CLS, separators and padding.  T = 1 + the longest packed instance.  Vectorised: one scatter, no
+    Python loop over samples or steps.
     """
     B, S, L = input_ids.shape
     device = input_ids.device
