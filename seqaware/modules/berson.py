@@ -28,8 +28,9 @@ index tensors (no Python loop over pairs) and encoded in chunks of ``pair_chunk`
 Text: the tokenizer's pair format, ``[CLS] step_i [SEP] step_j [SEP]`` (BERT: token types 0 then 1) or
 ``<s> step_i </s></s> step_j </s>`` (RoBERTa, MPNet: :attr:`seqaware.encoders.text.TextEncoder.pair_sep_id`).
 ``model.decoder.sep_in_pools`` (BERSON's release) pools each step's closing separator(s) with its tokens.
-Images: the visual backbone runs once per step image and the pair gathers the two steps' visual tokens, so the segment of step i inside a pair is its
-text tokens plus its image tokens -- exactly what the hierarchical attention pools.
+Images: the visual backbone runs once per step image and the pair gathers the two steps' visual tokens,
+so the segment of step i inside a pair is its text tokens plus its image tokens -- exactly what the
+hierarchical attention pools.
 """
 from __future__ import annotations
 
