@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from decoders.berson import VARIANTS  # noqa: E402
 from scripts.wu2022_tables import _check_overrides, _train  # noqa: E402
-from seqaware.io import read_test_metrics  # noqa: E402
+from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
 
 MARKER = "BERSON_HEADS_JSON"
@@ -162,7 +162,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(text)
     if args.table is not None:
         args.table.parent.mkdir(parents=True, exist_ok=True)
-        args.table.write_text(text + "\n")
+        with atomic_open(args.table, "w") as handle:   # a table cut short never replaces a whole one
+            handle.write(text + "\n")
     print(MARKER, json.dumps(stats, sort_keys=True))
     return 0
 
