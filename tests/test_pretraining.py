@@ -608,6 +608,7 @@ def test_a_new_objective_is_one_class_and_one_config(compose_train, tmp_path):
 
         name = "toy_steps"
         modalities = frozenset({"text"})
+        corrupts = frozenset()  # reads the input, changes nothing
         target_layout = {"toy_steps_labels": ("sample", None)}
 
         def __init__(self, hidden_size: int, threshold: int = 3):
@@ -651,6 +652,7 @@ def test_global_loss_normalization_needs_each_objective_loss_count():
     class Uncounted(Objective):
         name = "uncounted"
         modalities = frozenset({"text"})
+        corrupts = frozenset()
 
         def __init__(self, hidden_size: int):
             super().__init__()

@@ -10,10 +10,13 @@ One training step
        (``model.objectives.always``: MLM in Wu et al.'s Eq. 1, MLM and SMRM by default) plus one of
        the other enabled objectives, from ``(schedule_seed, global_step)`` only, so every DDP rank
        draws the same one.
-    3. Each drawn objective corrupts the fusion input in turn (MLM touches the token ids, ISP/PISP/
-       SMRM the visual entries, so they compose; SMRM masks last); one encoder forward over the
-       corrupted input serves all of them, and SMRM also gets a no-grad pass over the input with
-       clean text and the images where ISP / PISP put them, for its targets.
+    3. Each drawn objective corrupts the fusion input in turn, in one order whatever the set
+       (:data:`~seqaware.objectives.base.CORRUPTIONS`, declared by each objective's ``corrupts``):
+       the moves first (SOP's step order, ISP's images, PISP's patches), then the masks (MLM's
+       tokens, SMRM's regions), so every objective's targets stay aligned; an objective that changes
+       an entry it did not declare raises.  One encoder forward over the corrupted input serves all
+       of them, and SMRM also gets a no-grad pass over the input after the moves and before the
+       masks, for its targets.
     4. ``loss`` = the sum of the drawn objectives' losses (``L_MLM + L_obj`` in Eq. 1).
 
 Randomness of the corruption (``generator_scope``)
@@ -76,12 +79,13 @@ from hydra.utils import instantiate
 from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, fusion_input
-from seqaware.encoders.contract import VISUAL_KEYS, EncoderOutput
+from seqaware.encoders.contract import EncoderOutput
 from seqaware.io import atomic_open
 from seqaware.runs import best_checkpoint
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique, global_share, world_size
 from seqaware.objectives import OBJECTIVES, Objective, ObjectiveSchedule, build_objective, check_objectives
-from seqaware.objectives.corruption import corrupt_per_sample, cpu_generator, stable_seed
+from seqaware.objectives.corruption import (check_corruption, corrupt_per_sample, corruption_kinds, corruption_order,
+                                             cpu_generator, moves, stable_seed)
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +207,8 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
                                                 self.encoder.modality)
         self.objectives = nn.ModuleDict({name: self._build_objective(name, dict(obj_cfg.get(name) or {}), tie_lm_head)
                                          for name in self.objective_names})
+        for objective in self.objectives.values():
+            corruption_kinds(objective)  # an objective that does not say what it corrupts is refused here
         uncounted = [n for n, obj in self.objectives.items() if type(obj).loss_count is Objective.loss_count]
         if loss_normalization == "global" and uncounted:
             raise ValueError(f"model.loss_normalization=global needs each objective's loss_count (what its mean loss "
@@ -315,14 +321,17 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         objective's extra ``forward`` arguments."""
         clean = fusion if fusion is not None else self.fusion(batch)
         corrupted, targets = clean, {}
-        # objectives whose targets come from a clean pass (SMRM) corrupt last; their clean pass sees
-        # the images where the other objectives (ISP / PISP swaps) put them, with the clean text
-        order = sorted(names, key=lambda n: self.objectives[n].needs_clean_pass)
+        # one order whatever the set (seqaware.objectives.base.CORRUPTIONS): the objectives that move
+        # content (steps, images, patches) first, then those that mask it (tokens, regions), so MLM's
+        # labels are the tokens where the moved steps put them; the clean pass (SMRM's targets) sees
+        # the input after every move and before any mask
         reference = clean
-        for name in order:
-            if self.objectives[name].needs_clean_pass and reference is clean:
-                reference = {**clean, **{k: corrupted[k] for k in VISUAL_KEYS if k in corrupted}}
+        for name in corruption_order(self.objectives, names):
+            before = corrupted
             corrupted, tgt = self._corrupt(name, corrupted, batch, when, per_sample=per_sample)
+            check_corruption(self.objectives[name], before, corrupted)
+            if moves(self.objectives[name]):
+                reference = corrupted
             targets.update(tgt)
         outputs = self.encoder(corrupted)
         if any(self.objectives[n].needs_clean_pass for n in names):

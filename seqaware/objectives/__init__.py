@@ -17,12 +17,14 @@ from seqaware.objectives.isp import ImageSwapPrediction
 from seqaware.objectives.mlm import MaskedLanguageModeling
 from seqaware.objectives.pisp import PatchSwapPrediction
 from seqaware.objectives.smrm import SequentialMaskedRegionModeling
+from seqaware.objectives.sop import StepOrderPrediction
 
 OBJECTIVES: dict[str, type[Objective]] = {
     "mlm": MaskedLanguageModeling,
     "isp": ImageSwapPrediction,
     "pisp": PatchSwapPrediction,
     "smrm": SequentialMaskedRegionModeling,
+    "sop": StepOrderPrediction,
 }
 
 
@@ -57,6 +59,7 @@ __all__ = [
     "ObjectiveSchedule",
     "PatchSwapPrediction",
     "SequentialMaskedRegionModeling",
+    "StepOrderPrediction",
     "Outcomes",
     "build_objective",
     "check_objectives",

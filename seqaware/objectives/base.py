@@ -24,6 +24,15 @@ An objective works on the encoders' fusion input and output (:mod:`seqaware.enco
 An objective whose targets come from a second, no-grad encoder pass over the *clean* input (SMRM)
 sets ``needs_clean_pass = True`` and receives ``target_states`` in ``forward``.
 
+What an objective corrupts (``corrupts``, a subset of :data:`CORRUPTIONS`) fixes when it runs, so
+that every objective's targets stay aligned whatever the set.  The module applies the objectives of
+a step in the order of :data:`CORRUPTIONS` (:func:`seqaware.objectives.corruption.corruption_order`):
+first those that *move* content (``step_order``, then ``images``, then ``patches``), then those that
+*mask* it (``tokens``, then ``regions``).  So MLM's labels are the tokens at their positions after
+steps moved, a swap label stays true after masking, and a clean pass (``needs_clean_pass``) sees the
+input after every move and before any mask.  An objective may change only the fusion entries of
+the kinds it declares (checked at every corruption: anything else raises, naming the entries).
+
 It also says how it is built from the encoder (:meth:`Objective.from_encoder`), what its mean loss
 averages over (:meth:`Objective.loss_count`, for the exact global-batch loss under DDP) and how its
 outcome is shown to a person (:meth:`Objective.show`, the W&B sample table).  The pretraining module
@@ -41,6 +50,22 @@ from torch import nn
 
 # the encoder contract, re-exported for objectives written against it
 from seqaware.encoders.contract import STEP_KEYS, TEXT_KEYS, VISUAL_KEYS, EncoderOutput  # noqa: F401
+
+
+CORRUPTIONS: dict[str, tuple[str, ...]] = {
+    "step_order": (*TEXT_KEYS, "token_type_ids", *STEP_KEYS),
+    "images": STEP_KEYS,
+    "patches": ("visual_feats", "patch_mask"),
+    "tokens": ("input_ids",),
+    "regions": ("visual_feats", "patch_mask"),
+}
+"""What an objective can corrupt, in the order the module applies them (moves, then masks), each with
+the fusion entries it may change: ``step_order`` moves whole steps (their tokens and every per-step
+entry), ``images`` whole images between steps (ISP), ``patches`` patches between images (PISP),
+``tokens`` masks or replaces token ids (MLM), ``regions`` masks visual features (SMRM)."""
+
+MOVES = ("step_order", "images", "patches")
+"""The kinds that move content; a clean pass sees the input after them and before the others."""
 
 
 def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -110,6 +135,9 @@ class Objective(nn.Module):
     """Runs at every step beside the one drawn objective (MLM in Wu et al.'s turn-taking)."""
     target_layout: ClassVar[dict[str, tuple[str, Any]]] = {}
     """Every target key's layout (``text`` | ``step`` | ``sample``) and padding value."""
+    corrupts: ClassVar[Optional[frozenset[str]]] = None
+    """What :meth:`corrupt` changes: kinds of :data:`CORRUPTIONS` (an empty set: nothing). Required:
+    the module refuses an objective that does not say, since the order of corruptions depends on it."""
 
     @classmethod
     def from_encoder(cls, encoder: nn.Module, **kwargs) -> "Objective":

@@ -1,4 +1,5 @@
-"""Seeded corruption: stable seeds, CPU generators, and corrupting samples one by one.
+"""Seeded corruption: stable seeds, CPU generators, corrupting samples one by one, and the order
+in which the objectives of a step corrupt (:func:`corruption_order`, :func:`check_corruption`).
 
 ``generator_scope: sample`` (and every evaluation) corrupts each sample with its own generator,
 seeded by the sample's id, after cutting it to its own length, so the draw does not depend on the
@@ -13,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from seqaware.encoders.contract import FUSION_LAYOUT
-from seqaware.objectives.base import Objective
+from seqaware.objectives.base import CORRUPTIONS, MOVES, Objective
 
 
 def stable_seed(*keys: Any) -> int:
@@ -93,3 +94,45 @@ def corrupt_per_sample(objective: Objective, fusion: dict, lengths: torch.Tensor
         kind, fill = objective.target_layout[key]
         targets[key] = torch.cat([_pad_like(p[key], kind, fill, None, T, S) for p in parts_tgt])
     return out, targets
+
+
+def corruption_kinds(objective: Objective) -> frozenset[str]:
+    """The kinds of :data:`~seqaware.objectives.base.CORRUPTIONS` ``objective`` declares; an objective
+    that declares none, or an unknown kind, is refused (the order of corruptions depends on it)."""
+    kinds = type(objective).corrupts
+    if kinds is None:
+        raise ValueError(f"objective {objective.name!r} ({type(objective).__module__}.{type(objective).__qualname__}) "
+                         f"does not declare what it corrupts: set its class attribute `corrupts` to a set of "
+                         f"{list(CORRUPTIONS)} (an empty set if it corrupts nothing)")
+    unknown = sorted(set(kinds) - set(CORRUPTIONS))
+    if unknown:
+        raise ValueError(f"objective {objective.name!r}: unknown corruption kinds {unknown} in `corrupts`; "
+                         f"known kinds, in the order they are applied: {list(CORRUPTIONS)}")
+    return frozenset(kinds)
+
+
+def corruption_order(objectives: dict[str, Objective], names: tuple[str, ...] | list[str]) -> list[str]:
+    """``names`` in the order their objectives corrupt: by the latest of their kinds in
+    :data:`~seqaware.objectives.base.CORRUPTIONS` (moves before masks), ties kept in the given order."""
+    rank = {kind: i for i, kind in enumerate(CORRUPTIONS)}
+
+    def position(name: str) -> int:
+        kinds = corruption_kinds(objectives[name])
+        return max((rank[k] for k in kinds), default=-1)
+
+    return sorted(names, key=position)
+
+
+def moves(objective: Objective) -> bool:
+    """Whether ``objective`` moves content (a clean pass sees the input after it)."""
+    return bool(corruption_kinds(objective) & set(MOVES))
+
+
+def check_corruption(objective: Objective, before: dict, after: dict) -> None:
+    """Raise when ``objective.corrupt`` changed a fusion entry outside the kinds it declares."""
+    allowed = {key for kind in corruption_kinds(objective) for key in CORRUPTIONS[kind]}
+    changed = sorted(k for k, v in after.items() if v is not before.get(k) and k not in allowed)
+    if changed:
+        raise ValueError(f"objective {objective.name!r} changed the fusion entries {changed}, which its declared "
+                         f"corruptions {sorted(corruption_kinds(objective))} do not cover; declare the kinds that "
+                         f"change them in `corrupts` ({ {k: list(v) for k, v in CORRUPTIONS.items()} })")

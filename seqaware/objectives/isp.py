@@ -21,6 +21,7 @@ class ImageSwapPrediction(SwapClassificationObjective):
     """
 
     name = "isp"
+    corrupts = frozenset({"images"})
     target_layout = {"isp_labels": ("sample", None), "isp_steps": ("sample", None)}
 
     def __init__(self, hidden_size: int, delta: float = 0.5, head_hidden: Optional[int] = None):

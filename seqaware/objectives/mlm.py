@@ -85,6 +85,7 @@ class MaskedLanguageModeling(Objective):
     """
 
     name = "mlm"
+    corrupts = frozenset({"tokens"})
     modalities = frozenset({"text"})
     target_layout = {"mlm_labels": ("text", IGNORE_INDEX)}
     always_on = True  # Wu et al. sec. 4.2: MLM at every step, the other objectives take turns

@@ -31,6 +31,7 @@ class PatchSwapPrediction(SwapClassificationObjective):
     """
 
     name = "pisp"
+    corrupts = frozenset({"patches"})
     target_layout = {"pisp_labels": ("sample", None), "pisp_steps": ("sample", None),
                      "pisp_num_patches": ("sample", None), "pisp_swapped": ("step", False)}
 

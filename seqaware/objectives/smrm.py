@@ -141,6 +141,7 @@ class SequentialMaskedRegionModeling(Objective):
     """
 
     name = "smrm"
+    corrupts = frozenset({"regions"})
     target_layout = {"smrm_mask": ("step", False)}
     modalities = frozenset({"image"})
     needs_clean_pass = True
