@@ -59,6 +59,9 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         reshuffle_train: sequencing: a new permutation of each training procedure's steps every epoch
             (default); False: one per procedure, drawn once from ``(seed, id)`` and kept for every epoch
             (BERSON's release shuffles each story once when it builds its features).
+        train_subset: keep ``k`` training procedures (label-efficiency runs, ``scripts/label_efficiency.py``):
+            the first ``k`` of one permutation of the training split drawn from ``seed``, in their file
+            order, so the subsets of one seed are nested (k = 8 lies inside k = 32). None: all of them.
     """
 
     def __init__(self, source: Callable[[], dict[str, list[Procedure]]], task: str = "sequencing",
@@ -68,8 +71,14 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
                  allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None,
                  bucket_by_length: bool = False, bucket_factor: int = 50,
-                 extra_train_paths: Sequence[str] | None = None, reshuffle_train: bool = True):
+                 extra_train_paths: Sequence[str] | None = None, reshuffle_train: bool = True,
+                 train_subset: int | None = None):
         super().__init__()
+        if train_subset is not None and (isinstance(train_subset, bool) or not isinstance(train_subset, int)
+                                         or train_subset < 1):
+            raise ValueError(f"data.train_subset must be a positive number of training procedures or null, "
+                             f"got {train_subset!r}")
+        self.train_subset = train_subset
         if task not in TASKS:
             raise ValueError(f"data.task must be one of {TASKS}, got {task!r}")
         self.source = source
@@ -167,6 +176,8 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         if self.datasets:
             return
         splits = self._read_source()
+        if self.train_subset is not None:
+            splits = {**splits, "train": self._subset(splits.get("train", []))}
         self._check_images(splits)
         for split, procedures in splits.items():
             view = self._view(split, procedures)
@@ -176,6 +187,17 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
                                  f"a run cannot {'train' if split == 'train' else 'evaluate'} on an empty split")
             self.datasets[split] = view
         log.info("data: %s", {k: len(v) for k, v in self.datasets.items()})
+
+    def _subset(self, procedures: list[Procedure]) -> list[Procedure]:
+        """``train_subset`` training procedures: a prefix of one seeded permutation, in file order."""
+        k = self.train_subset
+        if k > len(procedures):
+            raise ValueError(f"data.train_subset={k}: {self.describe_split('train')} has only {len(procedures)} "
+                             "training procedures")
+        generator = torch.Generator().manual_seed(int(self.seed))
+        keep = sorted(torch.randperm(len(procedures), generator=generator)[:k].tolist())
+        log.info("data.train_subset=%d: %d of the %d training procedures (seed %d)", k, k, len(procedures), self.seed)
+        return [procedures[i] for i in keep]
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         if split not in self.datasets:

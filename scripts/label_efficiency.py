@@ -1,0 +1,321 @@
+#!/usr/bin/env python
+"""Label-efficiency curves: BERSON's test PMR against the number of labelled procedures k, fine-tuned from
+the raw backbones (N) and from a sequence-aware pretrained encoder (Y).
+
+    python scripts/label_efficiency.py --world default                 # the embedded synthetic world
+    python scripts/label_efficiency.py --world hard                    # data=synthetic_hard
+    python scripts/label_efficiency.py --world roc                     # ROCStories, MiniLM text-only
+    python scripts/label_efficiency.py --world hard --ks 8 32 --seeds 1 2 3 --objectives '[mlm,smrm]'
+    python scripts/label_efficiency.py --world roc -- trainer.accelerator=gpu   # overrides of every run
+
+Per world, one pretraining run on the unlabelled pool (no order labels are read, no fine-tuning split):
+
+* ``default`` / ``hard``: ``clipvil_pretrain`` on the world's training procedures (the pretraining view's
+  sub-sequences, as Wu et al. pretrain on their training data); the test split is raised to 300
+  procedures (``data.source.num_test``), so one procedure is a third of a PMR point, and the pretraining
+  run is not tested (``test=false``): the test split is never read by pretraining.
+* ``roc``: ``roberta_pretrain`` on the 30,731 stories of ``train_extra.tsv`` (their own order, the file's
+  own small validation slice; ``dev.tsv`` is never read); fine-tuning picks k stories of ``dev.tsv``'s
+  training slice and tests on its 20% test slice, as every ``berson_roc`` run.
+
+Then, for every k and seed, two fine-tuning runs of the same budget (``--steps`` x ``--batch-size``,
+whatever k: small k sees its procedures more often): N from the raw backbones, Y from the pretrained
+``encoder.pt``. The k procedures are ``data.train_subset=k`` (a seeded subset, the same for N and Y of
+one seed, nested across k). No validation labels: fine-tuning runs validate never
+(``trainer.limit_val_batches=0``) and the final weights are tested. BERSON with one encoder pass per
+procedure (``model.pair_encoding=joint``): the encoding pretraining trains (a whole sequence at a time)
+and 5-10x cheaper on a CPU than the pairwise one.
+
+Before fine-tuning, the script checks that no test procedure is in the pretraining pool, by content
+(:func:`procedure_key`: the normalised text of every step and the bytes of every image) and stops naming
+the overlap if there is one. Finished runs are reused (``test_metrics.json``; pretraining: ``encoder.pt``
+and a finished ``run.json``), a run made with other overrides is an error (``scripts/wu2022_tables.py``'s
+rules). It writes ``<results>/<world>.md`` (PMR and tau per k, N and Y, mean +- std and every seed, the
+CPU time of the curve) and ``<results>/<world>.png`` (PMR against k, one line per arm, every seed as a
+point, the spread shaded), atomically, and prints one ``LABEL_EFFICIENCY_JSON {...}`` line.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.wu2022_tables import _check_overrides, _pretrained, _train, pretrain_budget  # noqa: E402
+from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
+from seqaware.launch import split_overrides  # noqa: E402
+from seqaware.procedure import Procedure  # noqa: E402
+
+MARKER = "LABEL_EFFICIENCY_JSON"
+ARMS = ("N", "Y")
+METRICS = ("pmr", "acc", "tau")
+
+
+@dataclass(frozen=True)
+class World:
+    """One curve: its fine-tuning and pretraining runs and default grid / budgets."""
+
+    finetune: tuple[str, ...]        # train.py overrides of every fine-tuning run
+    pretrain: tuple[str, ...]        # train.py overrides of the one pretraining run (without the objective set)
+    objectives: str                  # model.objectives.enabled of the pretraining run
+    ks: tuple[int, ...]
+    steps: int                       # fine-tuning budget: optimizer steps of batch_size procedures
+    batch_size: int
+    pretrain_steps: int
+    pretrain_batch_size: int
+    label: str
+    paper: str = ""                  # what Wu et al. report for the nearest setting
+    data_overrides: tuple[str, ...] = field(default=())   # shared by pretraining and fine-tuning (one world)
+
+
+SYNTHETIC_TEST = ("data.source.num_test=300",)
+WORLDS: dict[str, World] = {
+    "default": World(
+        finetune=("experiment=berson_finetune", "data=synthetic"), pretrain=("experiment=clipvil_pretrain", "data=synthetic"),
+        objectives="[mlm,smrm]", ks=(8, 32, 128), steps=40, batch_size=4, pretrain_steps=100, pretrain_batch_size=4,
+        label="the default synthetic world, CLIP-ViL (MiniLM + EfficientNet-Lite0)", data_overrides=SYNTHETIC_TEST,
+        paper="Wu et al. Table 2, CLIP-ViL N -> Y: WikiHow PMR 59.00 -> 65.67, RecipeQA 60.00 -> 68.00 (full labels)"),
+    "hard": World(
+        finetune=("experiment=berson_finetune", "data=synthetic_hard"),
+        pretrain=("experiment=clipvil_pretrain", "data=synthetic_hard"),
+        objectives="[mlm,sop,smrm]", ks=(8, 32, 128), steps=100, batch_size=4, pretrain_steps=300,
+        pretrain_batch_size=8, label="the hard synthetic world, CLIP-ViL (MiniLM + EfficientNet-Lite0)",
+        data_overrides=SYNTHETIC_TEST,
+        paper="Wu et al. Table 2, CLIP-ViL N -> Y: WikiHow PMR 59.00 -> 65.67, RecipeQA 60.00 -> 68.00 (full labels)"),
+    "roc": World(
+        finetune=("experiment=berson_roc",),
+        pretrain=("experiment=roberta_pretrain", "data=roc", "data.train_path=${paths.shared_data_dir}/roc/train_extra.tsv",
+                  "data.source.val_fraction=0.02", "data.source.test_fraction=0.02", "data.collator.max_tokens=35"),
+        objectives="[mlm,sop]", ks=(32, 128, 512), steps=150, batch_size=16, pretrain_steps=300, pretrain_batch_size=16,
+        label="ROCStories, text-only MiniLM", paper="Wu et al. Table 2, text-only RoBERTa N -> Y: WikiHow PMR "
+        "+2.0, RecipeQA +5.0 (full labels; no ROC row)"),
+}
+FINETUNE_COMMON = ("model.pair_encoding=joint", "trainer.limit_val_batches=0", "trainer.max_epochs=-1",
+                   "trainer.limit_train_batches=null", "trainer.num_sanity_val_steps=0")
+
+
+def finetune_overrides(world: World, k: int, seed: int, steps: int, batch_size: int, extra: list[str]) -> list[str]:
+    return [*world.finetune, *world.data_overrides, *FINETUNE_COMMON, f"data.train_subset={k}",
+            f"trainer.max_steps={steps}", f"data.batch_size={batch_size}", f"seed={seed}", *extra]
+
+
+def pretrain_overrides(world: World, objectives: str, steps: int, batch_size: int, extra: list[str]) -> list[str]:
+    return [*world.pretrain, *world.data_overrides, f"model.objectives.enabled={objectives}",
+            *pretrain_budget(steps, batch_size), "test=false", "seed=0", *extra]
+
+
+def procedure_key(procedure: Procedure) -> str:
+    """A procedure's content: the normalised text of its steps (``story_key``: any surface form) and the
+    SHA-256 of every step image's bytes, in step order. Equal keys are the same procedure."""
+    from data_modules.adapters.roc import story_key
+
+    digest = hashlib.sha256(story_key(procedure).encode())
+    for s, step in enumerate(procedure.steps):
+        for k in range(len(step.images or ())):
+            path = procedure.image_path(s, k)
+            digest.update(hashlib.sha256(path.read_bytes()).digest() if path and path.is_file() else b"missing")
+    return digest.hexdigest()
+
+
+def run_splits(run_dir: Path) -> dict[str, list[Procedure]]:
+    """The procedures of every split of a run, read through its own resolved data source."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    import seqaware.config  # noqa: F401  (the config resolvers)
+
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    data = cfg.data
+    paths = {k: data.get(k) for k in ("train_path", "val_path", "test_path") if data.get(k) is not None}
+    if data.get("extra_train_paths"):
+        paths["extra_train_paths"] = list(data.extra_train_paths)
+    return instantiate(data.source)(**paths)
+
+
+def check_no_leak(pretrain_dir: Path, finetune_dir: Path) -> int:
+    """Stop if a test procedure of the fine-tuning run is in the pretraining pool (the procedures the pretraining
+    run trains and validates on; it runs with ``test=false``); returns the number of test procedures checked."""
+    splits = run_splits(pretrain_dir)
+    pool = {procedure_key(p) for split in ("train", "val") for p in splits.get(split, [])}
+    test = run_splits(finetune_dir)["test"]
+    leaked = [p.id for p in test if procedure_key(p) in pool]
+    if leaked:
+        raise SystemExit(f"{len(leaked)} test procedures of {finetune_dir} are in the pretraining pool of "
+                         f"{pretrain_dir}: {leaked[:10]}")
+    return len(test)
+
+
+def run_seconds(run_dir: Path) -> float:
+    """Wall seconds of a finished run (``run.json``'s start and finish)."""
+    from seqaware import runs
+
+    state = runs.read_state(run_dir)
+    try:
+        start = time.mktime(time.strptime(state["started_at"], "%Y-%m-%dT%H:%M:%S%z"))
+        end = time.mktime(time.strptime(state["finished_at"], "%Y-%m-%dT%H:%M:%S%z"))
+    except (KeyError, ValueError):
+        return float("nan")
+    return end - start
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, std
+
+
+def markdown(world_name: str, world: World, results: dict, info: dict) -> str:
+    lines = [f"# Label efficiency: {world.label}", "",
+             f"Written by `{info['command']}` on {info['date']} ({info['machine']}).", "",
+             f"Pretraining (Y): `{' '.join(info['pretrain'])}` ({info['pretrain_s']:.0f} s).",
+             f"Fine-tuning: {info['steps']} steps of {info['batch_size']} procedures for every k, N and Y; "
+             f"seeds {', '.join(map(str, info['seeds']))}; test split {info['test_n']} procedures (one = "
+             f"{100 / max(info['test_n'], 1):.2f} PMR points), none of them in the pretraining pool (checked by content).",
+             f"CPU time of the curve: {info['total_s'] / 60:.0f} min ({info['runs']} fine-tuning runs + the pretraining).",
+             "", "| k | arm | PMR (%) mean ± std | per seed | Acc (%) | tau | Y - N (PMR) |", "|---:|---|---:|---|---:|---:|---:|"]
+    for k in sorted(results):
+        for arm in ARMS:
+            rows = results[k].get(arm, {})
+            if not rows:
+                continue
+            pmr = [100 * m["test/pmr"] for m in rows.values()]
+            acc = mean_std([100 * m["test/acc"] for m in rows.values()])[0]
+            tau = mean_std([m["test/tau"] for m in rows.values()])[0]
+            m, s = mean_std(pmr)
+            gap = ""
+            if arm == "Y" and results[k].get("N"):
+                seeds = sorted(set(rows) & set(results[k]["N"]))
+                diffs = [100 * (rows[sd]["test/pmr"] - results[k]["N"][sd]["test/pmr"]) for sd in seeds]
+                if diffs:
+                    gm, gs = mean_std(diffs)
+                    gap = f"{gm:+.2f} ± {gs:.2f}"
+            per_seed = ", ".join(f"{100 * rows[sd]['test/pmr']:.2f}" for sd in sorted(rows))
+            lines.append(f"| {k} | {arm} | {m:.2f} ± {s:.2f} | {per_seed} | {acc:.2f} | {tau:.3f} | {gap} |")
+    if world.paper:
+        lines += ["", f"Paper: {world.paper}."]
+    return "\n".join(lines) + "\n"
+
+
+def chart(world: World, results: dict, path: Path) -> None:
+    """PMR (%) against k (log scale): one line per arm through the seed means, the min-max spread shaded,
+    every seed a point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for arm, colour in zip(ARMS, ("tab:grey", "tab:blue")):
+        ks = [k for k in sorted(results) if results[k].get(arm)]
+        if not ks:
+            continue
+        values = [[100 * m["test/pmr"] for m in results[k][arm].values()] for k in ks]
+        ax.plot(ks, [sum(v) / len(v) for v in values], "-o", color=colour,
+                label={"N": "N: raw backbones", "Y": "Y: sequence-aware pretrained"}[arm])
+        ax.fill_between(ks, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.2)
+        for k, v in zip(ks, values):
+            ax.scatter([k] * len(v), v, color=colour, s=10)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("labelled procedures k")
+    ax.set_ylabel("test PMR (%)")
+    ax.set_title(world.label, fontsize=9)
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    with atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format="png", dpi=120)
+    plt.close(fig)
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
+    import os
+
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, extra = split_overrides(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world", choices=sorted(WORLDS), required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--ks", type=int, nargs="+", help="labelled procedures per point (default: the world's)")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--objectives", help="the pretraining objective set, a list such as '[mlm,sop,smrm]'")
+    parser.add_argument("--steps", type=int, help="fine-tuning optimizer steps (default: the world's)")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--pretrain-steps", type=int)
+    parser.add_argument("--pretrain-batch-size", type=int)
+    parser.add_argument("--out", type=Path, default=ROOT / "logs" / "label_efficiency")
+    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results" / "label_efficiency")
+    parser.add_argument("--finetune-override", action="append", default=[], metavar="K=V")
+    parser.add_argument("--pretrain-override", action="append", default=[], metavar="K=V")
+    args = parser.parse_args(own)
+    world = WORLDS[args.world]
+    ks = tuple(args.ks or world.ks)
+    steps, batch_size = args.steps or world.steps, args.batch_size or world.batch_size
+    objectives = args.objectives or world.objectives
+    pretrain = pretrain_overrides(world, objectives, args.pretrain_steps or world.pretrain_steps,
+                                  args.pretrain_batch_size or world.pretrain_batch_size, [*extra, *args.pretrain_override])
+    out = args.out / args.world
+    pre_dir = out / f"pretrain-{objectives.strip('[]').replace(',', '_')}"
+    started = time.time()
+
+    if "Y" in args.arms:
+        _check_overrides(pre_dir, pretrain)
+        if not _pretrained(pre_dir):
+            print(f"pretraining {args.world}: {' '.join(pretrain)}", flush=True)
+            _train(pretrain, pre_dir, "pretrain.log")
+    results: dict[int, dict[str, dict[int, dict]]] = {}
+    seconds, test_n, leak_checked = [], 0, False
+    for k in ks:
+        for seed in args.seeds:
+            for arm in args.arms:
+                run_dir = out / f"k{k}" / f"seed{seed}" / arm
+                ft = finetune_overrides(world, k, seed, steps, batch_size, [*extra, *args.finetune_override])
+                if arm == "Y":
+                    ft.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
+                _check_overrides(run_dir, ft)
+                metrics = read_test_metrics(run_dir)
+                if metrics is None:
+                    _train(ft, run_dir, f"{arm}.log")
+                    metrics = read_test_metrics(run_dir)
+                    if metrics is None:
+                        raise SystemExit(f"{run_dir}: the fine-tuning run wrote no test_metrics.json")
+                if not leak_checked and "Y" in args.arms:
+                    test_n = check_no_leak(pre_dir, run_dir)
+                    leak_checked = True
+                    print(f"no test procedure of {args.world} is in the pretraining pool ({test_n} checked)", flush=True)
+                elif not test_n:
+                    test_n = len(run_splits(run_dir)["test"])
+                seconds.append(run_seconds(run_dir))
+                results.setdefault(k, {}).setdefault(arm, {})[seed] = metrics
+                print(f"k={k} seed={seed} {arm}: PMR {100 * metrics['test/pmr']:.2f}", flush=True)
+    pre_s = run_seconds(pre_dir) if "Y" in args.arms else 0.0
+    info = {"command": "python scripts/label_efficiency.py " + " ".join(argv), "date": time.strftime("%Y-%m-%d"),
+            "machine": machine(), "pretrain": pretrain, "pretrain_s": pre_s, "steps": steps, "batch_size": batch_size,
+            "seeds": args.seeds, "test_n": test_n, "runs": len(seconds),
+            "total_s": sum(s for s in seconds if s == s) + (pre_s if pre_s == pre_s else 0.0)}
+    args.results.mkdir(parents=True, exist_ok=True)
+    with atomic_open(args.results / f"{args.world}.md", "w") as handle:
+        handle.write(markdown(args.world, world, results, info))
+    chart(world, results, args.results / f"{args.world}.png")
+    summary = {f"{k}/{arm}": {"pmr": mean_std([m["test/pmr"] for m in rows.values()]), "seeds": sorted(rows)}
+               for k, arms in results.items() for arm, rows in arms.items()}
+    print(f"wrote {args.results / (args.world + '.md')} and .png in {time.time() - started:.0f} s")
+    print(MARKER, json.dumps({"world": args.world, "points": summary, "cpu_s": info["total_s"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
