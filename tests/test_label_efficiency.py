@@ -1,0 +1,143 @@
+"""scripts/label_efficiency.py (N and Y against the number of labelled procedures) and data.train_subset."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data_modules.datamodule import ProcedureDataModule
+from scripts import label_efficiency as le
+from seqaware.procedure import Procedure, Step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def procedures(n: int) -> list[Procedure]:
+    """``n`` two-step procedures of distinct texts (in letters: content keys write every digit as 0)."""
+    word = lambda i: "".join(chr(97 + int(d)) for d in str(i))  # noqa: E731
+    return [Procedure(id=f"p{i}", steps=[Step(text=f"step {word(i)} a"), Step(text=f"step {word(i)} b")],
+                      split="train") for i in range(n)]
+
+
+def subset_ids(k: int, seed: int, n: int = 40) -> list[str]:
+    dm = ProcedureDataModule(lambda: {}, tokenizer=None, seed=seed, train_subset=k)
+    return [p.id for p in dm._subset(procedures(n))]
+
+
+def test_train_subset_is_seeded_nested_and_in_file_order():
+    small, large = subset_ids(8, 1), subset_ids(32, 1)
+    assert len(small) == 8 and len(large) == 32 and len(set(large)) == 32
+    assert set(small) <= set(large)                       # nested across k for one seed
+    assert large == sorted(large, key=lambda x: int(x[1:]))  # file order kept
+    assert subset_ids(8, 1) == small and subset_ids(8, 2) != small  # seeded: the same again, another seed another
+
+
+def test_train_subset_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"data.train_subset must be a positive number of training procedures or "
+                                         r"null, got 0"):
+        ProcedureDataModule(lambda: {}, tokenizer=None, train_subset=0)
+    with pytest.raises(ValueError, match="got True"):
+        ProcedureDataModule(lambda: {}, tokenizer=None, train_subset=True)
+    dm = ProcedureDataModule(lambda: {}, tokenizer=None, train_subset=50)
+    with pytest.raises(ValueError, match=r"data.train_subset=50: .* has only 40 training procedures"):
+        dm._subset(procedures(40))
+
+
+def test_setup_keeps_k_training_procedures_and_every_evaluation_procedure():
+    splits = {"train": procedures(20), "val": procedures(5), "test": procedures(7)}
+    dm = ProcedureDataModule(lambda: splits, tokenizer=None, train_subset=6, verify_images=False,
+                             collator={"use_text": False, "use_images": False})
+    dm.setup("fit")
+    assert (len(dm.datasets["train"]), len(dm.datasets["val"]), len(dm.datasets["test"])) == (6, 5, 7)
+
+
+def test_procedure_key_is_the_content_text_in_any_surface_form_and_image_bytes(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"one")
+    (tmp_path / "b.png").write_bytes(b"two")
+
+    def proc(texts, image, pid="x"):
+        return Procedure(id=pid, steps=[Step(text=t, images=[image]) for t in texts], split="test", root=str(tmp_path))
+
+    base = le.procedure_key(proc(["Don't stop.", "Go on"], "a.png"))
+    assert le.procedure_key(proc(["do n't stop .", "go on"], "a.png", pid="other")) == base
+    assert le.procedure_key(proc(["Don't stop.", "Go on"], "b.png")) != base
+    assert le.procedure_key(proc(["Do stop.", "Go on"], "a.png")) != base
+
+
+def test_a_test_procedure_in_the_pretraining_pool_stops_the_script(monkeypatch, tmp_path):
+    shared = procedures(3)
+    splits = {"pre": {"train": shared[:2], "val": [], "test": shared[2:]},
+              "ft": {"train": [], "test": [*procedures(6)[4:], shared[1]]}}
+    monkeypatch.setattr(le, "run_splits", lambda run_dir: splits[run_dir.name])
+    with pytest.raises(SystemExit, match=r"1 test procedures of .*ft are in the pretraining pool of .*pre: \['p1'\]"):
+        le.check_no_leak(tmp_path / "pre", tmp_path / "ft")
+    # the pretraining run's own test split (never read: test=false) is not its pool
+    splits["ft"]["test"] = [shared[2]]
+    assert le.check_no_leak(tmp_path / "pre", tmp_path / "ft") == 1
+
+
+def test_table_gives_mean_std_every_seed_and_the_seed_matched_gap():
+    results = {8: {"N": {1: {"test/pmr": 0.50, "test/acc": 0.7, "test/tau": 0.4},
+                         2: {"test/pmr": 0.60, "test/acc": 0.8, "test/tau": 0.5}},
+                   "Y": {1: {"test/pmr": 0.56, "test/acc": 0.8, "test/tau": 0.6},
+                         2: {"test/pmr": 0.70, "test/acc": 0.9, "test/tau": 0.7}}}}
+    info = {"command": "python scripts/label_efficiency.py --world hard", "date": "2026-11-28", "machine": "cpu, 2 cores",
+            "pretrain": ["experiment=clipvil_pretrain"], "pretrain_s": 60.0, "steps": 100, "batch_size": 4,
+            "seeds": [1, 2], "test_n": 300, "runs": 4, "total_s": 600.0}
+    text = le.markdown("hard", le.WORLDS["hard"], results, info)
+    assert "| 8 | N | 55.00 ± 7.07 | 50.00, 60.00 | 75.00 | 0.450 |  |" in text
+    assert "| 8 | Y | 63.00 ± 9.90 | 56.00, 70.00 | 85.00 | 0.650 | +8.00 ± 2.83 |" in text
+    assert "one = 0.33 PMR points" in text and "CPU time of the curve: 10 min (4 fine-tuning runs" in text
+
+
+def test_worlds_use_the_same_budget_for_n_and_y_and_keep_the_test_split_out_of_pretraining():
+    for name, world in le.WORLDS.items():
+        pre = le.pretrain_overrides(world, world.objectives, 10, 2, [])
+        assert "test=false" in pre and not any(o.startswith("data.train_subset") for o in pre), name
+        ft = le.finetune_overrides(world, 8, 1, 40, 4, [])
+        assert "data.train_subset=8" in ft and "trainer.limit_val_batches=0" in ft and "trainer.max_steps=40" in ft
+    roc = le.pretrain_overrides(le.WORLDS["roc"], "[mlm,sop]", 10, 2, [])
+    assert "data.train_path=${paths.shared_data_dir}/roc/train_extra.tsv" in roc
+    assert not any("dev.tsv" in o for o in roc)
+
+
+TINY = ["data.source.num_train=16", "data.source.num_val=4", "data.source.num_test=6", "data.source.image_size=64",
+        "data.collator.image_size=64", "data.eval_batch_size=8", "data.num_workers=0",
+        "model.encoder.config={model_type: bert, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
+        "intermediate_size: 64, vocab_size: 30522, max_position_embeddings: 256}",
+        "logger=csv", "callbacks.progress_bar.refresh_rate=0"]
+
+
+@pytest.mark.slow  # a tiny pretraining and four tiny fine-tunings: about 60 s on 2 cores
+def test_the_whole_protocol_at_toy_size_then_resumes_without_training(tmp_path, cache_dir):
+    out, results = tmp_path / "runs", tmp_path / "results"
+    cmd = [sys.executable, str(ROOT / "scripts" / "label_efficiency.py"), "--world", "hard", "--ks", "2", "4",
+           "--seeds", "1", "--steps", "2", "--batch-size", "2", "--pretrain-steps", "2", "--pretrain-batch-size", "2",
+           "--objectives", "[mlm,sop,smrm]", "--out", str(out), "--results", str(results),
+           "--pretrain-override", "trainer.val_check_interval=2",
+           "--", f"paths.cache_dir={cache_dir}", *TINY]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert (out / "hard" / "pretrain-mlm_sop_smrm" / "encoder.pt").is_file()
+    assert "no test procedure of hard is in the pretraining pool (6 checked)" in first.stdout
+    line = [x for x in first.stdout.splitlines() if x.startswith(le.MARKER)][-1]
+    summary = json.loads(line[len(le.MARKER):])
+    assert set(summary["points"]) == {"2/N", "2/Y", "4/N", "4/Y"} and summary["cpu_s"] > 0
+    table = (results / "hard.md").read_text()
+    assert "| 2 | Y |" in table and "| 4 | N |" in table and "test split 6 procedures" in table
+    assert (results / "hard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the fine-tuning runs saw k procedures, the same ones for N and Y
+    for k in (2, 4):
+        for arm in ("N", "Y"):
+            log = (out / "hard" / f"k{k}" / "seed1" / f"{arm}.log").read_text()
+            assert f"data.train_subset={k}: {k} of the 16 training procedures (seed 1)" in log
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert " s\n" not in again.stdout  # no train.py process ran
+    assert [x for x in again.stdout.splitlines() if x.startswith(le.MARKER)][-1].split('"cpu_s"')[0] == \
+        line.split('"cpu_s"')[0]
