@@ -40,14 +40,15 @@ SCOPE = (
     "data_modules.datamodule.*",
     "scripts.catbench_eval.*",
     "scripts.paper_tables.*",
+    "scripts.paper_tables_*.*",   # its parts: schema, published, render, ours
     # TEO heads: the decision rule, threshold choice and cross-validated model selection
     "seqaware.modules.teo_plan_head.x_relations__mutmut_*",
     "seqaware.modules.teo_plan_head.x\u01c1TeoPlanHeadModule\u01c1_relations__mutmut_*",
     "seqaware.modules.teo_plan_head.x\u01c1TeoPlanHeadModule\u01c1_report_teo__mutmut_*",
     "seqaware.modules.teo_plan_head.x\u01c1TeoPlanHeadModule\u01c1_report_catbench__mutmut_*",
-    "seqaware.modules.teo_closure_head.x_fold_scores__mutmut_*",
-    "seqaware.modules.teo_closure_head.x_summarise__mutmut_*",
-    "seqaware.modules.teo_closure_head.x_blend_probs__mutmut_*",
+    "seqaware.modules.teo_closure_selection.x_fold_scores__mutmut_*",
+    "seqaware.modules.teo_closure_selection.x_summarise__mutmut_*",
+    "seqaware.modules.teo_closure_baseline.x_blend_probs__mutmut_*",
     "seqaware.modules.teo_closure_head.x\u01c1TeoClosureHeadModule\u01c1_configured_setting__mutmut_*",
     "seqaware.modules.teo_closure_head.x\u01c1TeoClosureHeadModule\u01c1setup__mutmut_*",
     "seqaware.modules.teo_closure_head.x\u01c1TeoClosureHeadModule\u01c1_cross_validate__mutmut_*",

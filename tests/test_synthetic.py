@@ -1,6 +1,7 @@
 """The synthetic procedural world: determinism, validity, cumulative images, DAGs, texts and caching."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -305,3 +306,35 @@ def test_hard_world_rejects_the_garden():
         SyntheticConfig(difficulty="hard")
     with pytest.raises(ValueError, match="difficulty"):
         SyntheticConfig(difficulty="medium")
+
+
+# ------------------------------------------------------------------ pinned worlds (what a cache folder holds)
+
+def _world_digest(folder: Path) -> str:
+    """sha256 over the JSON files' bytes and the images' pixels, in path order (pixels, not PNG bytes, so
+    that another zlib build does not count as another world)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.suffix == ".png":
+            digest.update(path.name.encode())
+            digest.update(np.asarray(Image.open(path)).tobytes())
+        elif path.suffix in (".jsonl", ".json"):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("cfg, folder_name, digest, images", [
+    (TINY, "85707b9667e8adbf", "e568884fb8a21645f2d96f0dda3fd67ffac487599afdaf23c2f22332adffe1a5", 52),
+    (SyntheticConfig(**{**HARD.__dict__, "num_train": 6}), "dc83debf5ae7c7a1",
+     "d0af49467d5585f974a4de6872e288ff89c191a39479bf75e7262acb911287af", 51),
+], ids=["easy", "hard"])
+def test_a_small_world_and_its_cache_folder_are_pinned(tmp_path, cfg, folder_name, digest, images):
+    """Cached worlds are found by their folder name alone: a change to the code that changes what a config
+    generates must bump GENERATOR / HARD_GENERATOR (so cached copies are redone) and update these values;
+    moving the code (issue #54 split the module into a package) changes neither."""
+    folder = ensure_synthetic(cfg, tmp_path, progress=False)
+    assert folder.name == folder_name
+    assert len(list((folder / "images").glob("*.png"))) == images
+    assert _world_digest(folder) == digest
+    assert synthetic.config_key(SyntheticConfig()) == "ffd07daa80a706ec"   # the default world's folder
