@@ -15,8 +15,9 @@ Per world, one pretraining run on the unlabelled pool (no order labels are read,
   procedures (``data.source.num_test``), so one procedure is a third of a PMR point, and the pretraining
   run is not tested (``test=false``): the test split is never read by pretraining.
 * ``roc``: ``roberta_pretrain`` on the 30,731 stories of ``train_extra.tsv`` (their own order, the file's
-  own small validation slice; ``dev.tsv`` is never read); fine-tuning picks k stories of ``dev.tsv``'s
-  training slice and tests on its 20% test slice, as every ``berson_roc`` run.
+  own small validation slice; ``dev.tsv`` is never read); fine-tuning (``berson_roc hparams=roc_joint``, the
+  joint recipe) picks k stories of ``dev.tsv``'s training slice and tests on its 20% test slice, as every
+  ``berson_roc`` run.
 
 Then, for every k and seed, two fine-tuning runs of the same budget (``--steps`` x ``--batch-size``,
 whatever k: small k sees its procedures more often): N from the raw backbones, Y from the pretrained
@@ -92,7 +93,7 @@ WORLDS: dict[str, World] = {
         data_overrides=SYNTHETIC_TEST,
         paper="Wu et al. Table 2, CLIP-ViL N -> Y: WikiHow PMR 59.00 -> 65.67, RecipeQA 60.00 -> 68.00 (full labels)"),
     "roc": World(
-        finetune=("experiment=berson_roc",),
+        finetune=("experiment=berson_roc", "hparams=roc_joint"),
         pretrain=("experiment=roberta_pretrain", "data=roc", "data.train_path=${paths.shared_data_dir}/roc/train_extra.tsv",
                   "data.source.val_fraction=0.02", "data.source.test_fraction=0.02", "data.collator.max_tokens=35"),
         objectives="[mlm,sop]", ks=(32, 128, 512), steps=150, batch_size=16, pretrain_steps=300, pretrain_batch_size=16,
