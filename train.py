@@ -225,8 +225,40 @@ def _checkpoint_to_test(cfg: DictConfig, trainer: pl.Trainer) -> str | None:
     return ckpt
 
 
+def command_line_overrides() -> list[str]:
+    """The overrides of this Hydra job's command line (a sweep job: its own), none outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def let_max_steps_decide(cfg: DictConfig, overrides: list[str]) -> bool:
+    """``trainer.max_steps=N`` on the command line without ``trainer.max_epochs``: the run trains N steps.
+
+    An experiment's ``trainer.max_epochs`` (``berson_finetune``: 1 epoch of at most 40 batches) would
+    otherwise end it earlier; it is raised to N (every epoch has at least one step, so N epochs never
+    end the run first, and a value that is read elsewhere, ``${trainer.max_epochs}``, stays a count), said
+    in the log. With both on the command line both stay, and :class:`seqaware.callbacks.FitLimits` warns
+    at the start of fit when max_epochs ends it first. Returns whether it changed the config.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
+    if "trainer.max_steps" not in keys or "trainer.max_epochs" in keys:
+        return False
+    max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
+    if max_steps is None or max_steps < 1 or max_epochs is None or max_epochs == -1 or max_epochs >= max_steps:
+        return False
+    cfg.trainer.max_epochs = max_steps
+    log.info("trainer.max_steps=%d is on the command line and trainer.max_epochs is not: the config's "
+             "trainer.max_epochs=%d is raised to %d so that the run trains %d steps (give trainer.max_epochs too "
+             "to keep both limits)", max_steps, max_epochs, max_steps, max_steps)
+    return True
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")
 def main(cfg: DictConfig) -> float | None:
+    let_max_steps_decide(cfg, command_line_overrides())
     # in a -m sweep, DDP's extra ranks re-run this job in this folder (no stray sweep), and the next job
     # launches its own ranks
     with ddp_sweep_job():
@@ -236,16 +268,16 @@ def main(cfg: DictConfig) -> float | None:
 
 def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
     """The value returned to sweepers: ``metrics[optimized_metric]``, or None (with a warning) when the
-    run finished without logging it -- e.g. ``trainer.max_steps`` ended fit before the first validation.
-    The run itself is fine (tested, ``run.json`` finished); an Optuna sweep records that trial as FAIL."""
+    run finished without logging it -- e.g. validation was off (``trainer.limit_val_batches=0``; a fit that
+    ends before its first validation validates at its end, :class:`seqaware.callbacks.FitLimits`). The run itself is fine (tested, ``run.json`` finished); an Optuna sweep records that trial as FAIL."""
     name = cfg.get("optimized_metric")
     if not name or not cfg.get("train", True):  # an evaluation-only run (train=false) logs no val/ metric
         return None
     if name not in metrics:
         logged = sorted(k for k in metrics if not k.startswith("test/"))
         log.warning("optimized_metric=%s was not logged, so this run returns no value to a sweeper (logged: %s). "
-                    "Did fit end before the first validation (trainer.max_steps, trainer.val_check_interval, "
-                    "trainer.limit_val_batches=0)?", name, ", ".join(logged) or "nothing")
+                    "Was validation off (trainer.limit_val_batches=0), or does the model log it under another "
+                    "name?", name, ", ".join(logged) or "nothing")
         return None
     return metrics[name]
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -154,13 +155,15 @@ def bench(experiment: str, overrides: Sequence[str], batches: int, steps: int, w
 
 def run_epochs(max_epochs: Optional[int], max_steps: Optional[int], batches_per_epoch: int) -> int:
     """Epochs a run of the experiment trains: ``trainer.max_epochs`` or the epochs ``trainer.max_steps``
-    spans, whichever ends the run first (a value <= 0 or None: no bound; neither bound: 1)."""
-    bounds = []
-    if max_epochs is not None and int(max_epochs) > 0:
-        bounds.append(int(max_epochs))
-    if max_steps is not None and int(max_steps) > 0:
-        bounds.append(max(1, -(-int(max_steps) // max(1, batches_per_epoch))))
-    return min(bounds, default=1)
+    spans, whichever ends the run first (:func:`seqaware.callbacks.fit_length`; a value <= 0 or None: no
+    bound; neither bound: 1)."""
+    from seqaware.callbacks import fit_length
+
+    def bound(value: Optional[int]) -> int:
+        return int(value) if value is not None and int(value) > 0 else -1
+
+    batches = fit_length(bound(max_steps), bound(max_epochs), max(1, batches_per_epoch)).batches
+    return max(1, math.ceil(batches / max(1, batches_per_epoch))) if math.isfinite(batches) else 1
 
 
 def run_ratio(first: float, warm: Optional[float], epochs: int) -> float:

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -216,6 +217,138 @@ class PretrainingSampleTable(pl.Callback):
         return table
 
 
+@dataclass(frozen=True)
+class FitLength:
+    """How long a fit trains, and which trainer limit ends it (``trainer.max_time`` aside: only a
+    measured pace forecasts it, :class:`RuntimeForecast`).
+
+    ``steps``: optimizer steps; ``batches``: training batches (``steps`` x the gradient accumulation,
+    an epoch's last partial accumulation stepping too); ``ended_by``: ``"trainer.max_steps"`` (also when
+    both limits stop at the same step: Lightning checks it first), ``"trainer.max_epochs"``, or None
+    for a fit bounded by neither (both inf).
+    """
+
+    steps: float
+    batches: float
+    ended_by: str | None
+
+    @classmethod
+    def of(cls, trainer: pl.Trainer) -> "FitLength":
+        """The trainer's fit, once its training data is set up (from ``on_train_start`` on)."""
+        return fit_length(trainer.max_steps, trainer.max_epochs, trainer.num_training_batches,
+                          trainer.accumulate_grad_batches)
+
+
+def fit_length(max_steps: int | None, max_epochs: int | None, batches_per_epoch: float, accumulate: int = 1) -> FitLength:
+    """:class:`FitLength` of a fit with these trainer limits (-1 or None: no limit) and epochs of
+    ``batches_per_epoch`` training batches (after ``trainer.limit_train_batches``; inf for a data set
+    without a length)."""
+    accumulate = max(int(accumulate), 1)
+    steps_per_epoch = math.ceil(batches_per_epoch / accumulate) if math.isfinite(batches_per_epoch) else math.inf
+    by_steps = max_steps if max_steps is not None and max_steps >= 0 else math.inf
+    if max_epochs is None or max_epochs < 0:
+        by_epochs = math.inf
+    else:
+        by_epochs = max_epochs * steps_per_epoch if max_epochs else 0
+    if math.isfinite(by_steps) and by_steps <= by_epochs:
+        if math.isfinite(steps_per_epoch) and steps_per_epoch > 0:
+            epochs, rest = divmod(int(by_steps), steps_per_epoch)
+            batches = epochs * batches_per_epoch + min(rest * accumulate, batches_per_epoch)
+        else:
+            batches = by_steps * accumulate
+        return FitLength(by_steps, batches, "trainer.max_steps")
+    if math.isfinite(by_epochs):
+        return FitLength(by_epochs, max_epochs * batches_per_epoch if max_epochs else 0, "trainer.max_epochs")
+    return FitLength(math.inf, math.inf, None)
+
+
+def first_validation_batch(trainer: pl.Trainer) -> float | None:
+    """The training batch of the fit (counted from 1, across epochs) after which Lightning first
+    validates; None when validation is off (``trainer.limit_val_batches=0``, no validation data or
+    ``validation_step``) or timed (``val_check_interval`` as a duration). Read from ``on_train_start`` on."""
+    if not trainer.enable_validation or getattr(trainer, "_val_check_time_interval", None) is not None:
+        return None
+    every, per_epoch, within = trainer.check_val_every_n_epoch, trainer.num_training_batches, trainer.val_check_batch
+    if within is None:
+        return None
+    if every is None:            # every val_check_batch batches, counted across epochs
+        return within
+    if not math.isfinite(within):  # an epoch without a length validates at its end
+        within = per_epoch
+    return within if every == 1 else (every - 1) * per_epoch + within
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else ("es" if word.endswith("ch") else "s"))
+
+
+class FitLimits(pl.Callback):
+    """A fit does what its limits say, checked when training starts (docs/running.md, "How long a run trains").
+
+    * ``trainer.max_steps`` that ``trainer.max_epochs`` x the epoch's batches ends first: one warning that
+      names max_epochs, the epoch's batches (samples, batch size, ``trainer.limit_train_batches``,
+      accumulation) and the step the fit stops at. (``train.py`` raises max_epochs itself when max_steps
+      alone is on the command line: :func:`train.let_max_steps_decide`; a ``trainer.max_time`` that ends
+      the fit first is forecast by :class:`RuntimeForecast` a few batches in.)
+    * A fit that ends before its first validation (fewer batches than ``trainer.val_check_interval``, or
+      ending before the epoch ``trainer.check_val_every_n_epoch`` validates) validates once after its
+      last batch instead, so the monitoring ``ModelCheckpoint`` keeps a best checkpoint for the test (and
+      pretraining's ``encoder.pt``). Validation that is off stays off (``trainer.limit_val_batches=0``,
+      no validation data); ``fast_dev_run`` is left to Lightning.
+
+    ``length`` (:class:`FitLength`) and ``validates_at_end`` say what it found.
+    """
+
+    def __init__(self):
+        self.length: FitLength | None = None
+        self.validates_at_end = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.fast_dev_run:
+            return
+        self.length = length = FitLength.of(trainer)
+        if trainer.is_global_zero and trainer.max_steps > 0 and length.steps < trainer.max_steps:
+            log.warning(self.max_steps_message(trainer, length))
+        first = first_validation_batch(trainer)
+        if first is None or not 1 <= length.batches < first:
+            return
+        settings = (f"trainer.val_check_interval={trainer.val_check_interval}, "
+                    f"trainer.check_val_every_n_epoch={trainer.check_val_every_n_epoch}")
+        trainer.check_val_every_n_epoch = None       # validate after the fit's last batch, counted across epochs
+        trainer.val_check_batch = int(length.batches)
+        self.validates_at_end = True
+        if trainer.is_global_zero:
+            first_text = f"batch {int(first):,}" if math.isfinite(first) else "the end of the first epoch"
+            log.info(f"this fit ends after training batch {int(length.batches):,} ({length.ended_by}), before its "
+                     f"first validation (after {first_text}: {settings}): it validates once at its end, so the "
+                     "best checkpoint is kept and tested")
+
+    @staticmethod
+    def max_steps_message(trainer: pl.Trainer, length: FitLength) -> str:
+        """The warning for a ``trainer.max_steps`` that ``trainer.max_epochs`` keeps the fit from reaching."""
+        accumulate = max(int(trainer.accumulate_grad_batches), 1)
+        batches = int(trainer.num_training_batches)
+        per_epoch = (_plural(math.ceil(batches / accumulate), "optimizer step") if accumulate > 1
+                     else _plural(batches, "training batch"))
+        why = []
+        loader = trainer.train_dataloader
+        try:
+            samples = len(loader.dataset)
+        except (AttributeError, TypeError):
+            samples = None
+        batch_size = getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+        if samples is not None and batch_size and trainer.world_size == 1:
+            why.append(f"{_plural(samples, 'training sample')} at batch size {batch_size}")
+        limit = trainer.limit_train_batches
+        if limit is not None and (isinstance(limit, int) or float(limit) != 1.0):
+            why.append(f"trainer.limit_train_batches={limit}")
+        if accumulate > 1:
+            why.append(f"{_plural(batches, 'batch')} with trainer.accumulate_grad_batches={accumulate}")
+        return (f"trainer.max_steps={trainer.max_steps} will not be reached: trainer.max_epochs={trainer.max_epochs} x "
+                f"{per_epoch} per epoch" + (f" ({'; '.join(why)})" if why else "")
+                + f" stops the run at step {int(length.steps):,}; raise trainer.max_epochs or set it to -1")
+
+
 BASE_HIDDEN_SIZE = 768   # BERT-base / MPNet-base and up: the text models that recipes size for a GPU
 
 
@@ -235,9 +368,10 @@ class RuntimeForecast(pl.Callback):
     (``hparams=roc_base``) are easy to start on a laptop by mistake.  After ``warmup_steps`` training
     batches (not timed: the first ones build caches) the next ``measure_steps`` are timed, and the run
     that will happen is projected at that pace, validation excluded: the fit's remaining batches
-    (``trainer.estimated_stepping_batches`` times the gradient accumulation: the earlier of
-    ``trainer.max_steps`` and ``max_epochs`` x the epoch's batches), cut short by ``trainer.max_time``
-    when that comes first.  Over ``limit_hours`` on a CPU accelerator, one warning names the projection,
+    (:class:`FitLength`: the earlier of ``trainer.max_steps`` and ``max_epochs`` x the epoch's batches),
+    cut short by ``trainer.max_time`` when that comes first; when it is ``max_time`` that ends a fit with a
+    ``trainer.max_steps``, one warning (on any accelerator) says that step will not be reached and near
+    which step the fit ends.  Over ``limit_hours`` on a CPU accelerator, one warning names the projection,
     what ends the fit, the model's size and what to do (the base-size advice only when the model's text
     transformer is base-size, hidden size >= 768); nothing is stopped.  On an accelerator other than the
     CPU, or for a fit bounded by none of the three, it does nothing.
@@ -277,11 +411,10 @@ class RuntimeForecast(pl.Callback):
         per_batch = (time.monotonic() - self._start) / self.measure_steps
         if not trainer.is_global_zero:
             return
-        total = trainer.estimated_stepping_batches * max(int(trainer.accumulate_grad_batches), 1)
-        remaining = max(total - self._seen(trainer) - 1, 0)      # inf for a fit without max_steps / max_epochs
+        length = FitLength.of(trainer)
+        remaining = max(length.batches - self._seen(trainer) - 1, 0)      # inf for a fit without max_steps / max_epochs
         seconds = remaining * per_batch
-        by_steps = trainer.max_steps != -1 and trainer.estimated_stepping_batches == trainer.max_steps
-        self.stopped_by = "trainer.max_steps" if by_steps else "trainer.max_epochs"
+        self.stopped_by = length.ended_by
         time_left = self._time_left(trainer)
         if time_left is not None and time_left < seconds:
             seconds, self.stopped_by = time_left, "trainer.max_time"
@@ -290,6 +423,11 @@ class RuntimeForecast(pl.Callback):
             self.stopped_by = None
             return
         self.forecast_hours = seconds / 3600
+        if self.stopped_by == "trainer.max_time" and trainer.max_steps > 0:
+            step = (self._seen(trainer) + 1 + remaining) // max(int(trainer.accumulate_grad_batches), 1)
+            log.warning(f"trainer.max_steps={trainer.max_steps} will not be reached: at {per_batch:.2f} s a training "
+                        f"batch, trainer.max_time ends the fit in about {self.forecast_hours:.1f} h, near step {step:,}; "
+                        "raise trainer.max_time or lower trainer.max_steps")
         cpu = type(trainer.accelerator).__name__ == "CPUAccelerator"
         if cpu and self.forecast_hours > self.limit_hours:
             params = sum(p.numel() for p in pl_module.parameters()) / 1e6

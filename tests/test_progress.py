@@ -203,6 +203,20 @@ def test_runtime_forecast_projects_the_run_the_first_bound_ends(monkeypatch, cap
     assert f"({batches:,} more training batches at 10.00 s each until {stopped_by} ends it" in message
 
 
+@pytest.mark.parametrize("trainer_kwargs, warned", [
+    ({"max_steps": 1000, "max_time": {"hours": 2}}, True),   # max_time ends it at batch 5 + 715
+    ({"max_steps": 1000, "max_time": {"hours": 5}}, False),  # max_steps is reached
+    ({"max_epochs": -1, "max_time": {"hours": 2}}, False),   # no max_steps to miss
+], ids=["max_time_first", "max_steps_first", "no_max_steps"])
+def test_runtime_forecast_says_when_max_time_ends_the_fit_before_max_steps(monkeypatch, caplog, trainer_kwargs, warned):
+    with caplog.at_level("WARNING", logger="seqaware.callbacks"):
+        _forecast_fit(monkeypatch, **trainer_kwargs)
+    messages = [r.getMessage() for r in caplog.records if "will not be reached" in r.getMessage()]
+    assert messages == (["trainer.max_steps=1000 will not be reached: at 10.00 s a training batch, trainer.max_time ends "
+                         "the fit in about 2.0 h, near step 720; raise trainer.max_time or lower trainer.max_steps"]
+                        if warned else [])
+
+
 def test_runtime_forecast_is_silent_for_a_fit_without_any_bound(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="seqaware.callbacks"):
         forecast = _forecast_fit(monkeypatch, max_epochs=-1)

@@ -358,22 +358,106 @@ def _main(monkeypatch, *args: str):
     return train.main()
 
 
-@pytest.mark.slow  # a tiny InternVL fit and test
-def test_a_run_that_ends_before_the_first_validation_returns_no_value(tmp_path, cache_dir, monkeypatch):
-    """teo_lora_* returns optimized_metric to sweepers; trainer.max_steps below the first validation
-    logs none: the run is tested and finished, main returns None with a warning (exit code 0)."""
+@pytest.mark.slow  # two tiny InternVL fits and tests
+@pytest.mark.parametrize("limit, returned", [("trainer.max_steps=1", True), ("trainer.limit_val_batches=0", False)],
+                         ids=["ends_before_the_first_validation", "validation_off"])
+def test_optimized_metric_of_a_short_run_and_of_a_run_without_validation(tmp_path, cache_dir, monkeypatch, limit, returned):
+    """teo_lora_* returns optimized_metric to sweepers. trainer.max_steps below the first validation still
+    validates once at the end (FitLimits): a value. With validation off nothing logs it: the run is tested
+    and finished, main returns None with a warning (exit code 0)."""
     from conftest import TINY_SYNTHETIC
 
-    value = _main(monkeypatch, "experiment=teo_lora_internvl", "model=internvl_tiny", "trainer=cpu",
-                  "trainer.precision=32-true", "data.modality=text", "trainer.max_steps=1", "data.max_train_pairs=8",
+    returned_values = []  # what main hands a sweeper (Hydra's decorated main itself returns None)
+    real = train.optimized_value
+
+    def optimized_value(cfg, metrics):
+        returned_values.append(real(cfg, metrics))
+        return returned_values[-1]
+
+    monkeypatch.setattr(train, "optimized_value", optimized_value)
+    _main(monkeypatch, "experiment=teo_lora_internvl", "model=internvl_tiny", "trainer=cpu",
+                  "trainer.precision=32-true", "data.modality=text", "trainer.max_steps=1", limit, "data.max_train_pairs=8",
                   "data.max_eval_pairs=2", "data.eval_batch_size=2", "model.max_new_tokens=4",
                   "trainer.num_sanity_val_steps=0", f"paths.cache_dir={cache_dir}",
                   f"hydra.run.dir={tmp_path / 'run'}", "callbacks.progress_bar.refresh_rate=0",
                   *[f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()])
-    assert value is None
-    assert "optimized_metric=val/teo_consistency_accuracy was not logged" in (tmp_path / "run" / "train.log").read_text()
+    log_text = (tmp_path / "run" / "train.log").read_text()
+    [value] = returned_values
+    if returned:
+        assert 0.0 <= value <= 1.0 and "was not logged" not in log_text
+    else:
+        assert value is None
+        assert ("optimized_metric=val/teo_consistency_accuracy was not logged, so this run returns no value to a sweeper "
+                "(logged: train/loss). Was validation off (trainer.limit_val_batches=0), or does the model log it under "
+                "another name?") in log_text
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "finished"
     assert (tmp_path / "run" / "test_metrics.json").is_file()
+
+
+def _tiny_world(tmp_path, cache_dir, **source) -> list[str]:
+    """Command-line overrides of a tiny ``_main`` run in ``tmp_path/run`` (conftest's world, ``source`` on top)."""
+    from conftest import TINY_SYNTHETIC
+
+    return [f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / 'run'}", "callbacks.progress_bar.refresh_rate=0",
+            "trainer.precision=32-true", "trainer.limit_test_batches=1",
+            *[f"data.source.{k}={v}" for k, v in {**TINY_SYNTHETIC, **source}.items()]]
+
+
+def _fit_steps(monkeypatch) -> list[int]:
+    """The global step each fit of ``train.py`` in this test ended at."""
+    steps = []
+
+    def check(trainer, datamodule):
+        steps.append(trainer.global_step)
+        return real(trainer, datamodule)
+
+    real = train.check_fit_saw_batches
+    monkeypatch.setattr(train, "check_fit_saw_batches", check)
+    return steps
+
+
+def test_max_steps_alone_on_the_command_line_is_reached(tmp_path, cache_dir, monkeypatch):
+    """berson_finetune's 1 epoch of 2 batches (6 procedures, batches of 4) would stop trainer.max_steps=3 at step 2:
+    max_steps alone on the command line raises max_epochs and the run trains 3 steps."""
+    steps = _fit_steps(monkeypatch)
+    _main(monkeypatch, "experiment=berson_finetune", "trainer.max_steps=3", *SMOKE["berson_finetune"][0],
+          "modality=text", *_tiny_world(tmp_path, cache_dir, num_train=6))  # text: the limits are the same, the steps cheaper
+    assert steps == [3]
+    log_text = (tmp_path / "run" / "train.log").read_text()
+    assert ("trainer.max_steps=3 is on the command line and trainer.max_epochs is not: the config's "
+            "trainer.max_epochs=1 is raised to 3 so that the run trains 3 steps") in log_text
+    assert "will not be reached" not in log_text
+    state = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert state["status"] == "finished" and Path(state["tested_checkpoint"]).name == "best_epoch_000.ckpt"
+
+
+def test_max_steps_that_max_epochs_cuts_short_is_warned_about_at_the_start(tmp_path, cache_dir, monkeypatch):
+    """Both limits on the command line: both stay, and the run says at its start that max_epochs ends it at step 2."""
+    steps = _fit_steps(monkeypatch)
+    _main(monkeypatch, "experiment=order_baseline", "trainer.max_steps=10", "trainer.max_epochs=1", "data.batch_size=4",
+          "model.net.dim=32", "data.collator.image_size=32", *_tiny_world(tmp_path, cache_dir, num_train=8))
+    assert steps == [2]
+    log_text = (tmp_path / "run" / "train.log").read_text()
+    assert ("trainer.max_steps=10 will not be reached: trainer.max_epochs=1 x 2 training batches per epoch (8 training "
+            "samples at batch size 4) stops the run at step 2; raise trainer.max_epochs or set it to -1") in log_text
+    assert "is on the command line" not in log_text
+
+
+def test_a_pretraining_run_shorter_than_its_validation_interval_exports_its_best_encoder(compose_train, caplog):
+    """trainer.max_steps=4 of a pretraining experiment (trainer.val_check_interval=50) validates once at its end:
+    ModelCheckpoint keeps that best checkpoint, encoder.pt is exported from it and the test uses it."""
+    cfg = compose_train("experiment=clipvil_pretrain", *tiny_pretrain(), "trainer.max_steps=4", "trainer.limit_test_batches=1")
+    with caplog.at_level(logging.INFO):
+        train.run(cfg)
+    out = Path(cfg.paths.output_dir)
+    best = out / "checkpoints" / "best_epoch_000.ckpt"
+    assert torch.load(best, weights_only=True)["global_step"] == 4
+    assert ("this fit ends after training batch 4 (trainer.max_steps), before its first validation (after batch 50: "
+            "trainer.val_check_interval=50, trainer.check_val_every_n_epoch=None): it validates once at its end, so the "
+            "best checkpoint is kept and tested") in caplog.text
+    assert f"wrote the encoder weights (best checkpoint {best})" in caplog.text
+    assert f"testing the best checkpoint {best}" in caplog.text and "no best checkpoint was saved" not in caplog.text
+    assert json.loads((out / "run.json").read_text())["tested_checkpoint"] == str(best)
 
 
 @pytest.mark.slow  # two tiny pretraining + fine-tuning pairs: about 30 s

@@ -1,0 +1,155 @@
+"""A fit does what its limits say: which limit ends it (seqaware.callbacks.FitLength), the warning when
+trainer.max_epochs ends it before trainer.max_steps and the validation at the end of a fit shorter than one
+validation interval (FitLimits), trainer.max_steps alone on the command line (train.let_max_steps_decide).
+train.py runs of the same: tests/test_train.py."""
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+import train
+from seqaware.callbacks import FitLength, FitLimits, fit_length
+
+INF = math.inf
+
+
+@pytest.mark.parametrize("max_steps, max_epochs, batches, accumulate, expected", [
+    (3, 1, 2, 1, FitLength(2, 2, "trainer.max_epochs")),      # berson_finetune's 1 epoch on 6 procedures in batches of 4
+    (3, -1, 2, 1, FitLength(3, 3, "trainer.max_steps")),
+    (4, 2, 2, 1, FitLength(4, 4, "trainer.max_steps")),       # both stop at step 4: Lightning checks max_steps first
+    (-1, 3, 40, 1, FitLength(120, 120, "trainer.max_epochs")),
+    (5, -1, 3, 2, FitLength(5, 8, "trainer.max_steps")),      # 2 steps an epoch (2 batches + the partial 1): 3 + 3 + 2
+    (4, 1, 5, 2, FitLength(3, 5, "trainer.max_epochs")),      # ceil(5 / 2) steps per epoch
+    (7, None, INF, 1, FitLength(7, 7, "trainer.max_steps")),  # a data set without a length
+    (-1, -1, 10, 1, FitLength(INF, INF, None)),
+    (-1, 0, 10, 1, FitLength(0, 0, "trainer.max_epochs")),
+])
+def test_fit_length_is_the_earliest_limit(max_steps, max_epochs, batches, accumulate, expected):
+    assert fit_length(max_steps, max_epochs, batches, accumulate) == expected
+
+
+class _Module(pl.LightningModule):
+    """Logs val/loss; counts its validations (sanity checks excluded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.validations = []
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self.layer(batch[0]).pow(2).mean())
+
+    def on_validation_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.validations.append(self.trainer.global_step)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(tmp_path, samples: int = 6, batch_size: int = 4, val_samples: int = 4, **trainer_kwargs):
+    limits = FitLimits()
+    best = ModelCheckpoint(dirpath=tmp_path / "checkpoints", monitor="val/loss", mode="min", filename="best")
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, callbacks=[limits, best], default_root_dir=tmp_path, **trainer_kwargs)
+    module = _Module()
+    trainer.fit(module, DataLoader(TensorDataset(torch.randn(samples, 2)), batch_size=batch_size),
+                DataLoader(TensorDataset(torch.randn(val_samples, 2)), batch_size=2))
+    return trainer, module, limits, best
+
+
+def test_max_epochs_that_ends_the_fit_before_max_steps_is_named_at_its_start(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="seqaware.callbacks"):
+        trainer, module, limits, _ = _fit(tmp_path, max_steps=3, max_epochs=1, limit_train_batches=40)
+    assert [r.getMessage() for r in caplog.records if "will not be reached" in r.getMessage()] == [
+        "trainer.max_steps=3 will not be reached: trainer.max_epochs=1 x 2 training batches per epoch (6 training "
+        "samples at batch size 4; trainer.limit_train_batches=40) stops the run at step 2; raise trainer.max_epochs "
+        "or set it to -1"]
+    assert trainer.global_step == 2 and limits.length == FitLength(2, 2, "trainer.max_epochs")
+    assert module.validations == [2] and not limits.validates_at_end  # the epoch's end validates as always
+
+
+def test_the_warning_names_the_accumulation(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="seqaware.callbacks"):
+        trainer, *_ = _fit(tmp_path, samples=10, batch_size=2, max_steps=10, max_epochs=2, accumulate_grad_batches=2)
+    [message] = [r.getMessage() for r in caplog.records if "will not be reached" in r.getMessage()]
+    assert message == ("trainer.max_steps=10 will not be reached: trainer.max_epochs=2 x 3 optimizer steps per epoch "
+                       "(10 training samples at batch size 2; 5 batches with trainer.accumulate_grad_batches=2) stops "
+                       "the run at step 6; raise trainer.max_epochs or set it to -1")
+    assert trainer.global_step == 6
+
+
+def test_a_fit_that_reaches_max_steps_is_not_warned_about(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="seqaware.callbacks"):
+        trainer, *_ = _fit(tmp_path, max_steps=3, max_epochs=-1)
+    assert trainer.global_step == 3 and "will not be reached" not in caplog.text
+
+
+@pytest.mark.parametrize("trainer_kwargs, first", [
+    ({"max_steps": 4, "max_epochs": -1, "val_check_interval": 50, "check_val_every_n_epoch": None}, "batch 50"),
+    ({"max_steps": 4, "max_epochs": -1}, "batch 10"),                               # ends inside the first epoch
+    ({"max_epochs": 2, "check_val_every_n_epoch": 3}, "batch 30"),                  # ends before the epoch that validates
+], ids=["val_check_interval", "mid_epoch", "check_val_every_n_epoch"])
+def test_a_fit_shorter_than_one_validation_interval_validates_once_at_its_end(tmp_path, caplog, trainer_kwargs, first):
+    with caplog.at_level(logging.INFO, logger="seqaware.callbacks"):
+        trainer, module, limits, best = _fit(tmp_path, samples=40, **trainer_kwargs)
+    steps = trainer.global_step
+    assert steps == (4 if "max_steps" in trainer_kwargs else 20)
+    assert module.validations == [steps] and limits.validates_at_end
+    assert best.best_model_path == str(tmp_path / "checkpoints" / "best.ckpt")
+    assert torch.load(best.best_model_path, weights_only=True)["global_step"] == steps
+    [message] = [r.getMessage() for r in caplog.records if "before its first validation" in r.getMessage()]
+    interval = trainer_kwargs.get("val_check_interval", 1.0)
+    every = trainer_kwargs.get("check_val_every_n_epoch", 1)
+    ended_by = "trainer.max_steps" if "max_steps" in trainer_kwargs else "trainer.max_epochs"
+    assert message == (f"this fit ends after training batch {steps} ({ended_by}), before its first validation (after "
+                       f"{first}: trainer.val_check_interval={interval}, trainer.check_val_every_n_epoch={every}): it "
+                       "validates once at its end, so the best checkpoint is kept and tested")
+
+
+def test_validation_that_is_off_stays_off(tmp_path):
+    trainer, module, limits, best = _fit(tmp_path, max_steps=2, max_epochs=-1, limit_val_batches=0)
+    assert trainer.global_step == 2 and module.validations == [] and not limits.validates_at_end
+    assert best.best_model_path == ""
+
+
+def test_a_fit_that_validates_within_its_length_is_left_as_it_is(tmp_path):
+    trainer, module, limits, _ = _fit(tmp_path, samples=16, max_epochs=2)   # 4 batches an epoch
+    assert module.validations == [4, 8] and not limits.validates_at_end
+    assert trainer.check_val_every_n_epoch == 1
+
+
+@pytest.mark.parametrize("overrides, max_epochs, changed", [
+    (["trainer.max_steps=3"], 3, True),                               # the experiment's 1 epoch is raised
+    (["++trainer.max_steps=3", "seed=1"], 3, True),
+    (["trainer.max_steps=3", "trainer.max_epochs=1"], 1, False),      # both given: both stay (FitLimits warns)
+    (["seed=1"], 1, False),                                           # max_steps from the config: left alone
+    (["trainer.max_steps=1"], 1, False),                              # 1 epoch never ends the run before step 1
+    (["trainer.max_steps=-1"], 1, False),
+])
+def test_max_steps_alone_on_the_command_line_decides(compose_train, caplog, overrides, max_epochs, changed):
+    cfg = compose_train("experiment=berson_finetune", "trainer.max_steps=3")  # the config: max_epochs 1, max_steps 3
+    cfg.trainer.max_steps = int(next((o.split("=")[1] for o in overrides if "max_steps" in o), 3))
+    with caplog.at_level(logging.INFO, logger="seqaware.train"):
+        assert train.let_max_steps_decide(cfg, overrides) is changed
+    assert cfg.trainer.max_epochs == max_epochs
+    messages = [r.getMessage() for r in caplog.records if "is on the command line" in r.getMessage()]
+    assert messages == ([
+        "trainer.max_steps=3 is on the command line and trainer.max_epochs is not: the config's trainer.max_epochs=1 "
+        "is raised to 3 so that the run trains 3 steps (give trainer.max_epochs too to keep both limits)"]
+        if changed else [])
+
+
+def test_pretraining_without_an_epoch_limit_is_left_alone(compose_train):
+    cfg = compose_train("experiment=clipvil_pretrain", "trainer.max_steps=10")
+    assert not train.let_max_steps_decide(cfg, ["trainer.max_steps=10"]) and cfg.trainer.max_epochs == -1
+    assert train.command_line_overrides() == []  # outside a Hydra app
