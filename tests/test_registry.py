@@ -6,6 +6,7 @@ decoder and a dataset adapter each added as one new module of its package plus (
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import re
@@ -228,18 +229,25 @@ def test_decoders_and_adapters_must_declare_their_interface():
     assert "toy_reverse" not in DECODERS and "toy" not in ADAPTERS
 
 
+def _texts() -> dict[str, str]:
+    """The project's own text that names choices: the README, docs/, configs/ and the scripts' docstrings."""
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "configs").rglob("*.yaml")]
+    texts = {str(path.relative_to(ROOT)): path.read_text(encoding="utf-8") for path in files}
+    for path in (ROOT / "scripts").glob("*.py"):
+        texts[str(path.relative_to(ROOT))] = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return texts
+
+
 def _mentions(*patterns: str) -> dict[str, set[str]]:
-    """``name -> files`` of every match of ``patterns`` (group 1: the name) in the README, docs/, configs/ and
-    the scripts' docstrings: the choices the project's own text names (upper-case names are placeholders)."""
-    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "configs").rglob("*.yaml"),
-             *(ROOT / "scripts").glob("*.py")]
+    """``name -> files`` of every match of ``patterns`` (group 1: the name, or names joined by ``|``) in
+    :func:`_texts`; upper-case names are placeholders (NAME, DATASET) and left out."""
     found: dict[str, set[str]] = {}
-    for path in files:
-        text = path.read_text(encoding="utf-8")
+    for where, text in _texts().items():
         for pattern in patterns:
             for match in re.finditer(pattern, text, flags=re.M):
-                if not match.group(1).isupper():
-                    found.setdefault(match.group(1), set()).add(str(path.relative_to(ROOT)))
+                for name in match.group(1).split("|"):
+                    if not name.isupper():
+                        found.setdefault(name, set()).add(where)
     return found
 
 
@@ -253,6 +261,18 @@ def test_every_decoder_and_adapter_the_docs_and_configs_name_is_registered_and_f
     assert {n: f for n, f in berson.items() if n not in DECODERS.names(needs=set(PROVIDES))} == {}
     assert {n: f for n, f in pairwise.items() if n not in PAIRWISE_DECODERS} == {}
     assert {n: f for n, f in adapters.items() if n not in ADAPTERS} == {}
+
+
+def test_every_config_option_the_docs_and_configs_list_is_a_file_of_its_group():
+    """``data=wikihow|recipeqa``, ``encoder@model.encoder=clipvil|text``: each listed option is a config file."""
+    groups = sorted(p.name for p in (ROOT / "configs").iterdir() if p.is_dir())
+    checked, missing = 0, {}
+    for group in groups:
+        for name, where in _mentions(rf"(?<![\w./$+~-]){group}(?:@[\w.]+)?=([A-Za-z_][\w|]*)").items():
+            checked += 1
+            if not (ROOT / "configs" / group / f"{name}.yaml").is_file():
+                missing[f"{group}={name}"] = sorted(where)
+    assert checked > 50 and missing == {}
 
 
 # --------------------------------------------------------------------- walk-through: adding one of each
