@@ -1,34 +1,19 @@
-"""Order decoders.
+"""Order decoders, each registered by name in :data:`DECODERS` (:mod:`decoders.registry`).
 
-Pairwise decoders share one interface, ``decode(pair_logits (B, n, n), step_mask (B, n)) -> orders``
-(each order a list of input positions, first step first), registered in :data:`PAIRWISE_DECODERS`:
-
-* ``borda`` -- sort by expected wins;
-* ``greedy`` -- repeatedly take the step that most confidently precedes the remaining ones;
-* ``topological`` -- B-TSort: topological sort of the predicted precedence graph, cycles broken
-  deterministically (:mod:`decoders.topological`);
-* ``exact`` -- the order maximising the summed pairwise log-probabilities, n <= 10 (:mod:`decoders.exact`).
-
-The BERSON pointer network (:mod:`decoders.berson`) decodes with its own greedy and beam search
-and also exposes pairwise logits, so every decoder above applies to it too.
+A decoder is a function in a module of this package, registered with
+``@DECODERS.register(NAME, needs="pair_logits" | "pointer")``: the pairwise ones take
+``(pair_logits (B, n, n), step_mask (B, n))`` (:data:`PAIRWISE_DECODERS`), the pointer ones BERSON's
+pointer network and its state (:mod:`decoders.berson`).  Each function's docstring says how it
+decodes.  A model takes every registered decoder that fits it (``model.decoding`` of BERSON: the
+pointer and the pairwise ones, since BERSON also exposes pairwise logits; ``model.decoder`` of the
+order baseline: the pairwise ones), and a name that does not fit is an error listing those that do.
 """
 from __future__ import annotations
 
-from typing import Callable
-
-import torch
-
 from decoders.exact import exact_order
 from decoders.pairwise import borda_order, decode_pairwise, greedy_order
+from decoders.registry import DECODERS, PAIRWISE_DECODERS, fitting_decoder
 from decoders.topological import topological_order
 
-PairwiseDecoder = Callable[[torch.Tensor, torch.Tensor], list[list[int]]]
-
-PAIRWISE_DECODERS: dict[str, PairwiseDecoder] = {
-    "borda": borda_order,
-    "greedy": greedy_order,
-    "topological": topological_order,
-    "exact": exact_order,
-}
-
-__all__ = ["PAIRWISE_DECODERS", "decode_pairwise", "borda_order", "greedy_order", "topological_order", "exact_order"]
+__all__ = ["DECODERS", "PAIRWISE_DECODERS", "decode_pairwise", "fitting_decoder", "borda_order", "greedy_order",
+           "topological_order", "exact_order"]

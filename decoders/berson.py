@@ -36,8 +36,8 @@ Two variants (``model.decoder.variant``), every difference also a switch of its 
     both then averaged over instances; BERT's initialisation (normal, std 0.02) of every linear layer.
 
 Decoding: :meth:`BersonDecoder.greedy`, batched :meth:`BersonDecoder.beam_search` (width 1 gives
-the greedy order) and, from the pairwise logits, the decoders of :mod:`decoders` (topological sort,
-exact search).  Shapes: ``B`` instances, ``n`` step slots, ``H`` hidden size.
+the greedy order), registered as the pointer decoders ``greedy`` and ``beam`` (:func:`pointer_greedy`,
+:func:`pointer_beam`), and, from the pairwise logits, every pairwise decoder of :mod:`decoders`.  Shapes: ``B`` instances, ``n`` step slots, ``H`` hidden size.
 """
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from decoders.registry import DECODERS
 
 NEG_INF = float("-inf")
 
@@ -543,3 +545,15 @@ class BersonDecoder(nn.Module):
         best = score.argmax(-1)
         out = seqs[torch.arange(B, device=dev), best]
         return [[int(p) for p in row[: int(k)]] for row, k in zip(out, lengths)]
+
+
+@DECODERS.register("greedy", needs="pointer")
+def pointer_greedy(network: BersonDecoder, state: BersonState, beam_size: int = 1) -> list[list[int]]:
+    """BERSON's pointer network, greedy: the most probable unpointed step at every step."""
+    return network.greedy(state)
+
+
+@DECODERS.register("beam", needs="pointer")
+def pointer_beam(network: BersonDecoder, state: BersonState, beam_size: int = 16) -> list[list[int]]:
+    """BERSON's pointer network, beam search of width ``beam_size`` (``model.beam_size``)."""
+    return network.beam_search(state, beam_size)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from decoders.pairwise import pair_log_probs
+from decoders.registry import DECODERS
 
 MAX_EXACT_STEPS = 10
 
@@ -20,7 +21,7 @@ def check_exact_steps(max_steps: int | None, decoder_key: str, steps_key: str = 
     handles (``max_steps`` None: unbounded)."""
     if max_steps is None or int(max_steps) > MAX_EXACT_STEPS:
         raise ValueError(f"{decoder_key}=exact handles at most {MAX_EXACT_STEPS} steps but {steps_key}={max_steps} "
-                         f"lets instances hold more: lower {steps_key} or use the beam, greedy or topological decoder")
+                         f"lets instances hold more: lower {steps_key} or use another decoder")
 
 
 def exact_order_single(lp: np.ndarray) -> list[int]:
@@ -28,7 +29,7 @@ def exact_order_single(lp: np.ndarray) -> list[int]:
     n = lp.shape[0]
     if n > MAX_EXACT_STEPS:
         raise ValueError(f"the exact decoder handles at most {MAX_EXACT_STEPS} steps, got {n}: "
-                         "use the beam, greedy or topological decoder")
+                         "use another decoder")
     if n <= 1:
         return list(range(n))
     full = 1 << n
@@ -52,8 +53,9 @@ def exact_order_single(lp: np.ndarray) -> list[int]:
     return order[::-1]
 
 
+@DECODERS.register("exact", needs="pair_logits")
 def exact_order(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[list[int]]:
-    """Batched wrapper: per instance, the exact best order over its real steps."""
+    """Per instance, the order maximising the summed pairwise log-probabilities over its real steps."""
     lp = pair_log_probs(pair_logits, step_mask).cpu().numpy()
     orders = []
     for b in range(lp.shape[0]):

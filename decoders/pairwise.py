@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from decoders.registry import DECODERS, PAIRWISE_DECODERS
+
 
 def _valid_pairs(step_mask: torch.Tensor) -> torch.Tensor:
     n = step_mask.shape[1]
@@ -24,6 +26,7 @@ def pair_log_probs(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> torch.
     return F.logsigmoid(sym) * _valid_pairs(step_mask)
 
 
+@DECODERS.register("borda", needs="pair_logits")
 def borda_order(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[list[int]]:
     """Sort steps by their expected number of wins, sum_j P(i before j) (ties: lower index first)."""
     wins = (torch.sigmoid(pair_logits) * _valid_pairs(step_mask)).sum(-1)
@@ -37,6 +40,7 @@ def borda_order(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[list
     return orders
 
 
+@DECODERS.register("pairwise_greedy", needs="pair_logits")
 def greedy_order(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[list[int]]:
     """Repeatedly pick the remaining step with the highest sum_j log P(i before j) over remaining j."""
     log_before = F.logsigmoid(pair_logits.float())
@@ -56,9 +60,6 @@ def greedy_order(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[lis
 
 
 def decode_pairwise(name: str, pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[list[int]]:
-    """Decode with the pairwise decoder registered as ``name`` (see :data:`decoders.PAIRWISE_DECODERS`)."""
-    from decoders import PAIRWISE_DECODERS
-
-    if name not in PAIRWISE_DECODERS:
-        raise ValueError(f"unknown pairwise decoder {name!r}; choose one of {sorted(PAIRWISE_DECODERS)}")
+    """Decode with the pairwise decoder registered as ``name``; an unknown name raises
+    :class:`registry.UnknownNameError` listing the pairwise decoders (:data:`decoders.PAIRWISE_DECODERS`)."""
     return PAIRWISE_DECODERS[name](pair_logits, step_mask)

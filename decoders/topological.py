@@ -13,9 +13,12 @@ from __future__ import annotations
 import torch
 
 from decoders.pairwise import pair_log_probs
+from decoders.registry import DECODERS
 
 
+@DECODERS.register("topological", needs="pair_logits")
 def topological_order(pair_logits: torch.Tensor, step_mask: torch.Tensor) -> list[list[int]]:
+    """A topological sort of the predicted precedence tournament, cycles broken as the module says."""
     probs = pair_log_probs(pair_logits, step_mask).exp().cpu()
     orders = []
     for b in range(probs.shape[0]):

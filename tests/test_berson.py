@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from decoders import PAIRWISE_DECODERS
+from decoders import DECODERS, PAIRWISE_DECODERS
 from decoders.berson import BersonDecoder, pair_index
 from decoders.exact import MAX_EXACT_STEPS, exact_order, exact_order_single
 from seqaware.modules.berson import state_rows
@@ -61,6 +61,23 @@ def test_pointer_decoders_return_permutations_and_width_one_beam_is_greedy(decod
         assert decoder.beam_search(state, width=1) == greedy
         beam = decoder.beam_search(state, width=16)
         assert all(_is_permutation(o, n) for o, n in zip(beam, [7, 4, 2]))
+    assert DECODERS["greedy"](decoder, state, 16) == decoder.greedy(state)
+    assert DECODERS["beam"](decoder, state, 3) == decoder.beam_search(state, width=3)
+
+
+def test_pointer_and_pairwise_decoders_have_unique_names_and_declare_what_they_need():
+    assert {"greedy", "beam"} <= set(DECODERS.names(needs="pointer"))
+    assert {"pairwise_greedy", "borda", "topological", "exact"} <= set(PAIRWISE_DECODERS)
+    assert DECODERS.where("greedy") == "decoders.berson:pointer_greedy"
+    assert DECODERS.where("pairwise_greedy") == "decoders.pairwise:greedy_order"
+
+
+@pytest.mark.parametrize("name", DECODERS.names(needs="pointer"))
+def test_every_pointer_decoder_returns_permutations(decoder, name):
+    state, _, _ = _random_state(decoder, MASK, seed=1)
+    orders = DECODERS[name](decoder, state, 4)
+    assert [len(o) for o in orders] == [7, 4, 2]
+    assert all(_is_permutation(o, n) for o, n in zip(orders, [7, 4, 2]))
 
 
 def _sequence_log_prob(decoder, state, b, order):
@@ -131,7 +148,7 @@ def test_exact_decoder_on_pairwise_logits_beats_or_ties_others():
     lp = pair_log_probs(logits, mask)
     score = lambda b, o: float(sum(lp[b, o[a], o[c]] for a in range(6) for c in range(a + 1, 6)))
     exact = exact_order(logits, mask)
-    for name in ("borda", "greedy", "topological"):
+    for name in PAIRWISE_DECODERS:
         for b, order in enumerate(PAIRWISE_DECODERS[name](logits, mask)):
             assert score(b, exact[b]) >= score(b, order) - 1e-6
 
@@ -260,9 +277,15 @@ def test_text_pairs_use_bert_segments_and_images_are_encoded_once_per_step(monke
 
 
 def test_decoding_choice_is_validated():
-    with pytest.raises(ValueError, match="model.decoding"):
+    from seqaware.modules.berson import PROVIDES
+
+    fitting = DECODERS.names(needs=set(PROVIDES))  # BERSON has a pointer network and pairwise logits
+    assert {"beam", "greedy", "pairwise_greedy", "borda", "topological", "exact"} <= set(fitting)
+    with pytest.raises(ValueError) as err:
         _module("text", decoding="viterbi")
-    for name in ("greedy", "topological", "exact", "borda"):
+    assert str(err.value) == ("model.decoding=viterbi is not a registered decoder; decoders that fit this model: "
+                              + ", ".join(fitting))
+    for name in fitting:
         module = _module("text", decoding=name).eval()
         with torch.no_grad():
             orders = module.decode(module.encode(_batch("text")))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import train
+from decoders import PAIRWISE_DECODERS
 from decoders.pairwise import borda_order, decode_pairwise, greedy_order
 from seqaware.models.order_baseline import PairwiseOrderModel
 from seqaware.modules.sequencing import pairwise_targets
@@ -40,8 +41,30 @@ def test_decoders_recover_a_consistent_order_and_respect_padding():
         logits[0, i, j] = 4.0 if order.index(i) < order.index(j) else -4.0
     mask = torch.tensor([[True, True, True, True, False]])
     assert greedy_order(logits, mask) == [order] == borda_order(logits, mask)
-    with pytest.raises(ValueError, match="unknown pairwise decoder"):
+    for name in PAIRWISE_DECODERS:  # every registered pairwise decoder, through the module's entry point
+        assert decode_pairwise(name, logits, mask) == [order]
+    with pytest.raises(ValueError) as err:
         decode_pairwise("nope", logits, mask)
+    assert str(err.value) == f"unknown pairwise decoder 'nope'; registered: {', '.join(PAIRWISE_DECODERS)}"
+
+
+def test_model_decoder_takes_every_pairwise_decoder_and_refuses_the_pointer_ones(compose_train):
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    cfg = compose_train("experiment=order_baseline")
+    assert cfg.model.decoder == "pairwise_greedy"
+    assert {"pairwise_greedy", "borda", "topological", "exact"} <= set(PAIRWISE_DECODERS)
+    for name in PAIRWISE_DECODERS:
+        cfg.model.decoder = name
+        assert instantiate(cfg.model).decoder == name
+    fitting = ", ".join(PAIRWISE_DECODERS)
+    for name, reason in (("greedy", "model.decoder=greedy needs a pointer network, which this model does not have"),
+                         ("viterbi", "model.decoder=viterbi is not a registered decoder")):
+        cfg.model.decoder = name
+        with pytest.raises(InstantiationException) as err:
+            instantiate(cfg.model)
+        assert str(err.value.__cause__) == f"{reason}; decoders that fit this model: {fitting}"
 
 
 def test_loss_goes_down_on_a_fixed_batch():

@@ -284,7 +284,7 @@ def test_test_views_keep_the_proposal_with_the_best_summed_log_probability():
         assert single.decode(single.encode(batch)) == [proposals[b][0] for b in range(3)]
 
 
-@pytest.mark.parametrize("decoding", ["borda", "exact", "topological"])  # the BERSON module's "greedy" is the pointer's
+@pytest.mark.parametrize("decoding", sorted(PAIRWISE_DECODERS))
 def test_test_views_average_pair_scores_in_the_input_positions(decoding):
     batch = _batch("text", n_steps=(6, 4))
     rank = torch.full(batch["gold"].shape, 99)              # rank[b, position] = its place in the gold order

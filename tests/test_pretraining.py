@@ -62,8 +62,17 @@ def test_missing_objective_set_names_the_config_group(compose_train):
     cfg = compose_train("experiment=roberta_pretrain", *tiny_pretrain())
     model_cfg = cfg.model.copy()
     model_cfg.objectives = None
-    with config_error(r"objectives=NAME"):
+    with config_error(r"objectives=NAME") as err:
         instantiate(model_cfg)
+    assert str(getattr(err.value, "__cause__", None) or err.value) == (
+        "model.objectives.enabled is not set: pick an objective set with objectives=NAME (a file of "
+        "configs/objectives/; python train.py --help lists them) or list the objectives, "
+        "model.objectives.enabled=[NAME,...] (seqaware.objectives.OBJECTIVES)")
+    from seqaware.config import help_groups
+    from seqaware.objectives import OBJECTIVE_SETS
+
+    listed = dict(line.split(": ", 1) for line in help_groups().splitlines())["objectives"].split(", ")
+    assert set(OBJECTIVE_SETS) <= set(listed) and "base" not in listed
 
 
 @pytest.mark.slow  # 2.5 s; fast loop budget: the full suite (CI) runs it

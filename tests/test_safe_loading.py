@@ -47,7 +47,7 @@ def _checkpoint_with_net(tmp_path: Path, net: dict) -> Path:
     path = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.6", "hyper_parameters": {
         "net": net, "optimizer": {"_target_": "torch.optim.AdamW", "lr": 1e-3}, "scheduler": None,
-        "decoder": "greedy"}}, path)
+        "decoder": "pairwise_greedy"}}, path)
     return path
 
 

@@ -31,6 +31,7 @@ from data_modules.adapters.common import (
     iter_files,
     iter_json_records,
 )
+from data_modules.adapters.registry import ADAPTERS
 from seqaware.procedure import Procedure, Step
 
 LABELS = ("yes", "no")
@@ -103,6 +104,7 @@ def check_question(record: Any, log: ProblemLog, path: Path, line: int, required
     return len(log) == before
 
 
+@ADAPTERS.register("catbench")
 def convert(src: Path, out_images: Path | None = None, split: str = "test") -> AdapterResult:
     """Convert CaT-Bench questions (see the module docstring); ``out_images`` is unused (text only)."""
     check_split(split)

@@ -51,6 +51,7 @@ from data_modules.adapters.common import (
     resolve_fields,
     store_images,
 )
+from data_modules.adapters.registry import ADAPTERS
 from data_modules.tasks.coherence import DIFFICULTY_NAMES, difficulty_of, placeholder
 from seqaware.procedure import SPLIT_PATTERN
 
@@ -59,6 +60,7 @@ DEFAULT_PLACEHOLDER_PATTERN = r"\[IMAGE_PLACEHOLDER\]|<image_\d+>"
 REQUIRED = ("text", "candidates")
 
 
+@ADAPTERS.register("coherence")
 def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str] | None = None,
             placeholder_pattern: str = DEFAULT_PLACEHOLDER_PATTERN, gold_base: int = 0, split: str = "test",
             difficulty_bins: Sequence[Sequence[int | None]] = ((2, 3), (4, 5), (6, None)), seed: int = 0,

@@ -44,6 +44,7 @@ from data_modules.adapters.common import (
     resolve_fields,
     store_images,
 )
+from data_modules.adapters.registry import ADAPTERS
 from data_modules.tasks.iso import ISO_LABELS
 from seqaware.procedure import SPLIT_PATTERN
 
@@ -53,6 +54,7 @@ DEFAULT_LABELS = {"yes": "DEP", "no": "NONDEP", "dep": "DEP", "nondep": "NONDEP"
                   "1": "DEP", "0": "NONDEP"}
 
 
+@ADAPTERS.register("iso")
 def convert(src: Path, out_images: Path | None = None, fields: Mapping[str, str] | None = None,
             labels: Mapping[str, str] | None = None, split: str = "test", unreadable_image: str = "error",
             url_root: str | None = None) -> AdapterResult:

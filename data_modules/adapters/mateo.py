@@ -35,6 +35,7 @@ from data_modules.adapters.common import (
     split_from_name,
     store_images,
 )
+from data_modules.adapters.registry import ADAPTERS
 from seqaware import dag as dag_utils
 from seqaware.procedure import SPLIT_PATTERN, Procedure, Step
 
@@ -49,6 +50,7 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
+@ADAPTERS.register("mateo")
 def convert(src: Path, out_images: Path | None = None, language: str = "en", unreadable_image: str = "error",
             url_root: str | None = None) -> AdapterResult:
     """Convert a MATEO export (see the module docstring)."""

@@ -33,6 +33,7 @@ from data_modules.adapters.common import (
     normalize_orders,
     store_images,
 )
+from data_modules.adapters.registry import ADAPTERS
 from seqaware.procedure import Procedure, Step
 
 SPLITS = ("train", "val", "test")
@@ -64,6 +65,7 @@ def _first_image(index: dict[str, list[tuple[int, Path]]], recipe_id: str, step_
     return entries[0][1] if entries else None
 
 
+@ADAPTERS.register("recipeqa")
 def convert(src: Path, out_images: Path | None = None, unreadable_image: str = "error", min_steps: int = 2) -> AdapterResult:
     """Convert the RecipeQA acl22 splits (see the module docstring)."""
     check_choice("unreadable_image", unreadable_image, IMAGE_POLICIES)

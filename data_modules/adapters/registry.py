@@ -1,5 +1,9 @@
 """The adapter registry: dataset name -> ``convert(src, out_images, **options) -> AdapterResult``,
-with option checking (:func:`run_adapter`) and the cache key of a conversion (:func:`cache_key`)."""
+with option checking (:func:`run_adapter`) and the cache key of a conversion (:func:`cache_key`).
+
+An adapter module registers its ``convert`` with ``@ADAPTERS.register("NAME")``; the registry imports
+every module of :mod:`data_modules.adapters` when first read, so a new adapter is one new file there
+(plus its ``configs/data/`` entry)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,30 +13,27 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from data_modules.adapters import catbench, coherence, iso, mateo, recipeqa, rfg, roc, wikihow
 from data_modules.adapters.common import AdapterOptionError, AdapterResult
+from registry import Registry, place
 
-ADAPTERS: dict[str, Callable[..., AdapterResult]] = {
-    "wikihow": wikihow.convert,
-    "recipeqa": recipeqa.convert,
-    "mateo": mateo.convert,
-    "rfg": rfg.convert,
-    "catbench": catbench.convert,
-    "roc": roc.convert,
-    "iso": iso.convert,
-    "coherence": coherence.convert,
-}
+
+def _check_adapter(name: str, convert: Any, tags: dict) -> None:
+    params = list(inspect.signature(convert).parameters) if callable(convert) else []
+    if params[:2] != ["src", "out_images"]:
+        raise TypeError(f"dataset adapter {name!r} ({place(convert)}) must be convert(src, out_images, **options), "
+                        f"got the parameters {params}")
+
+
+ADAPTERS: Registry = Registry("dataset adapter", package="data_modules.adapters", check=_check_adapter)
 
 ADAPTER_VERSION = "1"
 """Bumped when an adapter's output changes, so cached conversions are redone."""
 
 
 def get_adapter(name: str) -> Callable[..., AdapterResult]:
-    """The adapter registered under ``name``; an unknown name raises, listing the known ones."""
-    try:
-        return ADAPTERS[name]
-    except KeyError:
-        raise KeyError(f"unknown dataset adapter {name!r}; known adapters: {', '.join(sorted(ADAPTERS))}") from None
+    """The adapter registered under ``name``; an unknown name raises :class:`registry.UnknownNameError`
+    (a ``KeyError``), listing the registered ones."""
+    return ADAPTERS[name]
 
 
 def adapter_options(name: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from data_modules.adapters.common import (
     check_procedure,
     iter_files,
 )
+from data_modules.adapters.registry import ADAPTERS
 from data_modules.tasks.teo import stratified_split
 from seqaware import dag as dag_utils
 from seqaware.procedure import SPLIT_PATTERN, Procedure, Step
@@ -132,6 +133,7 @@ def read_recipe(list_path: Path, unit: str, log: ProblemLog) -> tuple[Procedure,
     return procedure, len(backward)
 
 
+@ADAPTERS.register("rfg")
 def convert(src: Path, out_images: Path | None = None, unit: str = "sentence", split: str = "test",
             fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0) -> AdapterResult:
     """Convert a folder of r-FG ``.list``/``.flow`` pairs (see the module docstring).

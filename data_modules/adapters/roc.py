@@ -36,6 +36,7 @@ from data_modules.adapters.common import (
     iter_files,
     split_from_name,
 )
+from data_modules.adapters.registry import ADAPTERS
 from seqaware.procedure import Problem, Procedure, ProcedureFormatError, Step, check_split_files
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,7 @@ def story_key(procedure: Procedure) -> str:
     return _DIGIT.sub("0", _NOT_WORD.sub("", text))
 
 
+@ADAPTERS.register("roc")
 def convert(src: Path, out_images: Path | None = None, split: str | None = None, bad_lines: str = "skip",
             max_stories: int | None = None) -> AdapterResult:
     """Adapter: every ``.tsv`` in ``src`` (or the file ``src``); the split comes from the file name

@@ -49,6 +49,7 @@ from data_modules.adapters.common import (
     split_from_name,
     store_images,
 )
+from data_modules.adapters.registry import ADAPTERS
 from seqaware.procedure import Procedure, Step
 
 IMAGE_FIELDS = ("image-large", "image-src-1")
@@ -103,6 +104,7 @@ def _resplit(procedures: list[Procedure], level: int, fractions: Sequence[float]
             proc.split = name
 
 
+@ADAPTERS.register("wikihow")
 def convert(src: Path, out_images: Path | None = None, unreadable_image: str = "error", min_steps: int = 2,
             resplit_by_category: bool = False, category_level: int = 3,
             resplit_fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0) -> AdapterResult:

@@ -1,6 +1,8 @@
 """Sequence encoders: a registry and a factory, like timm's ``create_model``.
 
-Registered names (every choice below is a config value, see ``configs/encoder/*.yaml``):
+``ENCODERS`` (a :class:`registry.Registry`) holds an encoder factory under each name
+``model.encoder.name`` takes; a factory is registered with ``@register_encoder("NAME")`` here or in
+any module of this package (the registry imports them all when first read).  Built in:
 
 ``text``        :class:`seqaware.encoders.text.TextEncoder` -- a HF text encoder (RoBERTa / BERT /
                 MiniLM) over the packed step texts.
@@ -15,8 +17,7 @@ whole encoder from an earlier stage (``model.encoder.ckpt=PATH``: a Lightning ch
 ``encoder.*`` keys or a bare ``encoder.pt``) and ``visual_ckpt`` only its visual tower
 (``model.encoder.visual_ckpt=PATH``), see :func:`seqaware.encoders.checkpoint.load_encoder_checkpoint`.
 
-Modules are imported lazily inside the factories, so importing the registry is cheap and a
-missing optional dependency only matters for the encoder that needs it.
+The built-in factories import their modules when called, so importing this package is cheap.
 """
 from __future__ import annotations
 
@@ -24,29 +25,23 @@ from typing import Any, Callable, Optional
 
 from torch import nn
 
+from registry import Registry
 from seqaware.encoders.base import SequenceEncoder, fusion_input, pack_steps
 from seqaware.encoders.checkpoint import load_encoder_checkpoint
 
 __all__ = ["ENCODERS", "register_encoder", "create_encoder", "list_encoders", "load_encoder_checkpoint",
            "SequenceEncoder", "fusion_input", "pack_steps"]
 
-ENCODERS: dict[str, Callable[..., SequenceEncoder]] = {}
+ENCODERS: Registry = Registry("encoder", package="seqaware.encoders")
 
 
 def register_encoder(name: str) -> Callable[[Callable[..., SequenceEncoder]], Callable[..., SequenceEncoder]]:
     """Decorator registering an encoder factory (a class or function returning a SequenceEncoder)."""
-
-    def deco(fn: Callable[..., SequenceEncoder]) -> Callable[..., SequenceEncoder]:
-        if name in ENCODERS:
-            raise ValueError(f"encoder {name!r} is registered twice")
-        ENCODERS[name] = fn
-        return fn
-
-    return deco
+    return ENCODERS.register(name)
 
 
 def list_encoders() -> list[str]:
-    return sorted(ENCODERS)
+    return ENCODERS.names()
 
 
 def create_encoder(name: str, ckpt: Optional[str] = None, visual_ckpt: Optional[str] = None,
@@ -57,9 +52,7 @@ def create_encoder(name: str, ckpt: Optional[str] = None, visual_ckpt: Optional[
     encoder through it): ``visual_ckpt`` initialises only the visual tower (``visual.*``, e.g.
     CLIP-ViL's from an image-only ``clip_image_pretrain`` run), then ``ckpt`` the whole encoder.
     """
-    if name not in ENCODERS:
-        raise ValueError(f"unknown encoder {name!r} (model.encoder.name); choose one of {list_encoders()}")
-    encoder = ENCODERS[name](**cfg)
+    encoder = ENCODERS.lookup(name, "model.encoder.name")(**cfg)
     if visual_ckpt:
         if not isinstance(getattr(encoder, "visual", None), nn.Module):
             raise ValueError(f"model.encoder.visual_ckpt={visual_ckpt}: the {name} encoder has no visual tower "

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from registry import Registry
 from seqaware.pretrained import PretrainedUnavailableError, hub_reachable
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -44,28 +45,19 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 LITE_MEAN = (0.5, 0.5, 0.5)
 LITE_STD = (0.5, 0.5, 0.5)
 
-VISUAL_BACKBONES: dict[str, Callable[..., "VisualBackbone"]] = {}
+VISUAL_BACKBONES: Registry = Registry("visual backbone", package="seqaware.encoders")
 log = logging.getLogger(__name__)
 
 
 def register_visual(name: str) -> Callable[[Callable[..., "VisualBackbone"]], Callable[..., "VisualBackbone"]]:
-    """Decorator: make a backbone class/factory available as ``visual.name: <name>`` in configs."""
-
-    def deco(fn: Callable[..., "VisualBackbone"]) -> Callable[..., "VisualBackbone"]:
-        if name in VISUAL_BACKBONES:
-            raise ValueError(f"visual backbone {name!r} is registered twice")
-        VISUAL_BACKBONES[name] = fn
-        return fn
-
-    return deco
+    """Decorator: make a backbone class/factory available as ``visual.name: <name>`` in configs (from
+    any module of :mod:`seqaware.encoders`: the registry imports them all when first read)."""
+    return VISUAL_BACKBONES.register(name)
 
 
 def create_visual_backbone(name: str, **cfg: Any) -> "VisualBackbone":
     """Build a registered visual backbone from its config values (``name`` + keyword arguments)."""
-    if name not in VISUAL_BACKBONES:
-        raise ValueError(f"unknown visual backbone {name!r} (backbones.visual.name); "
-                         f"choose one of {sorted(VISUAL_BACKBONES)}")
-    return VISUAL_BACKBONES[name](**cfg)
+    return VISUAL_BACKBONES.lookup(name, "backbones.visual.name")(**cfg)
 
 
 class VisualBackbone(nn.Module):

@@ -42,7 +42,7 @@ import torch
 from hydra.utils import instantiate
 from torch.utils.checkpoint import checkpoint
 
-from decoders import PAIRWISE_DECODERS
+from decoders import DECODERS, PAIRWISE_DECODERS, fitting_decoder
 from decoders.exact import check_exact_steps
 from decoders.berson import BersonDecoder, BersonState, pair_index, take_steps
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
@@ -50,7 +50,7 @@ from seqaware.encoders.steps import SEGMENTS, PairStates, encode_steps, position
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
 from seqaware.modules.sequencing import pairwise_targets, reference_targets
 
-POINTER_DECODERS = ("beam", "greedy")
+PROVIDES = ("pointer", "pair_logits")  # what BERSON gives a decoder (decoders.registry): every registered one fits
 PAIR_ENCODINGS = ("pairwise", "joint")
 
 
@@ -61,8 +61,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         encoder: encoder config (``configs/encoder/*.yaml``: ``_target_`` + arguments); its ``ckpt``
             loads the weights of a pretraining run (``encoder.pt`` or a Lightning checkpoint).
         decoder: :class:`decoders.berson.BersonDecoder` arguments (``lambda_pair``, paragraph layers, ...).
-        decoding: ``beam`` | ``greedy`` (the pointer network) or a pairwise decoder on the pairwise
-            head: ``topological`` | ``exact`` | ``borda``.
+        decoding: a registered decoder (:mod:`decoders`): a pointer one (``beam``, BERSON's) or a
+            pairwise one on the pairwise head; a name that does not fit is an error listing those that do.
         beam_size: beam width (BERSON: 16); 1 gives the greedy order.
         pair_chunk: pairs encoded per encoder call.
         checkpoint_chunks: activation checkpointing per chunk during training.
@@ -99,9 +99,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                  pair_dropout: float = 0.1, test_views: int = 1,
                  joint_segments: str = "none"):
         super().__init__()
-        if decoding not in POINTER_DECODERS and decoding not in PAIRWISE_DECODERS:
-            raise ValueError(f"model.decoding must be one of {list(POINTER_DECODERS) + sorted(PAIRWISE_DECODERS)}, "
-                             f"got {decoding!r}")
+        fitting_decoder(decoding, PROVIDES, "model.decoding")
         if pair_encoding not in PAIR_ENCODINGS:
             raise ValueError(f"model.pair_encoding must be one of {list(PAIR_ENCODINGS)}, got {pair_encoding!r}")
         if int(test_views) < 1 or (int(test_views) > 1 and pair_encoding != "joint"):
@@ -311,11 +309,15 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         return {"loss": loss, "pointer_loss": pointer.detach(), "pair_loss": pair.detach(),
                 "pair_acc": (t["pair_correct"].sum() / pairs.clamp(min=1)).detach()}, state
 
+    @property
+    def decoding_needs(self) -> str:
+        """What the ``model.decoding`` decoder reads: ``pointer`` (the pointer network) or ``pair_logits``."""
+        return DECODERS.tags(self.decoding)["needs"]
+
     def decode(self, state: BersonState) -> list[list[int]]:
-        if self.decoding == "beam":
-            return self.decoder.beam_search(state, self.beam_size)
-        if self.decoding == "greedy":
-            return self.decoder.greedy(state)
+        """Orders by the ``model.decoding`` decoder: the pointer network's, or a pairwise one on the pair logits."""
+        if self.decoding_needs == "pointer":
+            return DECODERS[self.decoding](self.decoder, state, self.beam_size)
         return PAIRWISE_DECODERS[self.decoding](state.pair_logits.detach().float(), state.step_mask)
 
     @torch.no_grad()
@@ -324,7 +326,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
 
         View 0 is the batch as presented (``state``); view k > 0 presents each procedure's steps in a
         permutation drawn from (procedure id, k) (:func:`view_permutations`), so a procedure gets the
-        same views in any batch.  Pointer decoding (``beam`` / ``greedy``): each view proposes its
+        same views in any batch.  A pointer decoder (``beam``, ``greedy``): each view proposes its
         order, and the proposal with the highest log-probability summed over all views' pointer
         networks (teacher-forced, :meth:`decoders.berson.BersonDecoder.pointer_log_probs`) is kept.
         Pairwise decoders: the views' pair logits are averaged, then decoded.
@@ -335,7 +337,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         states = [state] + [self.encode(permute_steps(batch, perms[k])) for k in range(1, self.test_views)]
         B = step_mask.shape[0]
         rows = torch.arange(B, device=step_mask.device)
-        if self.decoding not in POINTER_DECODERS:
+        if self.decoding_needs != "pointer":
             logits = torch.stack([st.pair_logits.float()[rows[:, None, None], inv[:, :, None], inv[:, None, :]]
                                   for st, inv in zip(states, inverse)]).mean(0)
             return PAIRWISE_DECODERS[self.decoding](logits, step_mask)

@@ -168,8 +168,8 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         super().__init__()
         if not objectives or not objectives.get("enabled"):
             raise ValueError("model.objectives.enabled is not set: pick an objective set with objectives=NAME "
-                             "(configs/objectives/: mlm, mlm_isp, mlm_smrm, mlm_isp_pisp, mlm_isp_smrm, all, "
-                             "isp, isp_pisp, isp_pisp_smrm)")
+                             "(a file of configs/objectives/; python train.py --help lists them) or list the "
+                             "objectives, model.objectives.enabled=[NAME,...] (seqaware.objectives.OBJECTIVES)")
         for name, value, allowed in (("generator_scope", generator_scope, GENERATOR_SCOPES),
                                      ("loss_normalization", loss_normalization, NORMALIZATIONS),
                                      ("export_weights", export_weights, EXPORTS)):

@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 
 from decoders.exact import check_exact_steps
 from decoders.pairwise import decode_pairwise
+from decoders.registry import fitting_decoder
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_mean
 
 
@@ -66,14 +67,16 @@ class PairwiseSequencingModule(OrderingEvalMixin, SeqawareModule):
     """Wires a pairwise order network, its BCE loss, a decoder and the ordering metrics.
 
     The network is given as a config (``_target_`` + arguments) and built here, so checkpoints hold
-    everything needed by ``PairwiseSequencingModule.load_from_checkpoint(path)``.
+    everything needed by ``PairwiseSequencingModule.load_from_checkpoint(path)``.  ``decoder``
+    (``model.decoder``) is any registered pairwise decoder (:data:`decoders.PAIRWISE_DECODERS`).
 
     Frozen parts: none (the small CNN and text encoder of the baseline train with their Dropout on).
     """
 
-    def __init__(self, net: dict, optimizer: dict, scheduler: dict | None = None, decoder: str = "greedy",
+    def __init__(self, net: dict, optimizer: dict, scheduler: dict | None = None, decoder: str = "pairwise_greedy",
                  reference_selection: str = "joint"):
         super().__init__()
+        fitting_decoder(decoder, ("pair_logits",), "model.decoder")  # the pairwise decoders fit this module
         self.save_hyperparameters({"net": as_container(net), "optimizer": as_container(optimizer),
                                    "scheduler": as_container(scheduler), "decoder": decoder,
                                    "reference_selection": reference_selection})

@@ -1,53 +1,23 @@
 """Sequence-aware pretraining objectives (Wu et al., ACL 2022, sec. 4.1-4.2).
 
-``OBJECTIVES`` maps a name to its class (:func:`register_objective` adds one);
-:func:`build_objective` instantiates one.  What an objective is and knows is described in
-:mod:`seqaware.objectives.base`; seeded per-sample corruption in
-:mod:`seqaware.objectives.corruption`; turn-taking and the
-objective sets of Table 3 live in :mod:`seqaware.objectives.turns`.
+``OBJECTIVES`` maps a name to its class: each objective module registers its class with
+``@register_objective`` and the registry finds every module of this package
+(:mod:`seqaware.objectives.registry`); :func:`build_objective` instantiates one.  What an objective
+is and knows is described in :mod:`seqaware.objectives.base`; seeded per-sample corruption in
+:mod:`seqaware.objectives.corruption`; turn-taking and the objective sets of Table 3 live in
+:mod:`seqaware.objectives.turns`.
 """
 from __future__ import annotations
 
-from typing import Optional
-
-from torch import nn
-
 from seqaware.objectives.base import EncoderOutput, Objective, Outcomes
+from seqaware.objectives.registry import OBJECTIVES, build_objective, register_objective
+from seqaware.objectives.turns import OBJECTIVE_SETS, ObjectiveSchedule, check_objectives
+# the built-in classes, importable from here too (their modules register them, not these imports)
 from seqaware.objectives.isp import ImageSwapPrediction
 from seqaware.objectives.mlm import MaskedLanguageModeling
 from seqaware.objectives.pisp import PatchSwapPrediction
 from seqaware.objectives.smrm import SequentialMaskedRegionModeling
 from seqaware.objectives.sop import StepOrderPrediction
-
-OBJECTIVES: dict[str, type[Objective]] = {
-    "mlm": MaskedLanguageModeling,
-    "isp": ImageSwapPrediction,
-    "pisp": PatchSwapPrediction,
-    "smrm": SequentialMaskedRegionModeling,
-    "sop": StepOrderPrediction,
-}
-
-
-def register_objective(cls: type[Objective]) -> type[Objective]:
-    """Register an :class:`Objective` subclass under its ``name`` (usable as a class decorator);
-    ``model.objectives.enabled`` can then name it and ``model.objectives.<name>`` configures it."""
-    if not (isinstance(cls, type) and issubclass(cls, Objective)) or cls.name == Objective.name:
-        raise TypeError(f"register_objective takes an Objective subclass with its own name, got {cls!r}")
-    OBJECTIVES[cls.name] = cls
-    return cls
-
-
-def build_objective(name: str, encoder: Optional[nn.Module] = None, **kwargs) -> Objective:
-    """Instantiate the objective registered as ``name``: from ``encoder`` when given
-    (:meth:`Objective.from_encoder`), else from the keyword arguments alone."""
-    if name not in OBJECTIVES:
-        raise ValueError(f"unknown objective {name!r}; registered: {sorted(OBJECTIVES)}")
-    cls = OBJECTIVES[name]
-    return cls.from_encoder(encoder, **kwargs) if encoder is not None else cls(**kwargs)
-
-
-# imported after OBJECTIVES exists: turns validates objective sets against this registry
-from seqaware.objectives.turns import OBJECTIVE_SETS, ObjectiveSchedule, check_objectives  # noqa: E402
 
 __all__ = [
     "OBJECTIVES",

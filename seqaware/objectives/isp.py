@@ -11,8 +11,10 @@ from typing import Optional
 import torch
 
 from seqaware.objectives.base import STEP_KEYS, SwapClassificationObjective, choose_image_pair, shallow_copy
+from seqaware.objectives.registry import register_objective
 
 
+@register_objective
 class ImageSwapPrediction(SwapClassificationObjective):
     """ISP objective.
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqaware.objectives.base import EncoderOutput, Objective, Outcomes, randint, shallow_copy, uniform
+from seqaware.objectives.registry import register_objective
 
 IGNORE_INDEX = -100
 
@@ -69,6 +70,7 @@ class TiedLMHead(nn.Module):
         return F.linear(hidden, self._embedding.weight, self.bias)
 
 
+@register_objective
 class MaskedLanguageModeling(Objective):
     """Step-balanced MLM.
 

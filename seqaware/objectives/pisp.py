@@ -20,8 +20,10 @@ from typing import Optional
 import torch
 
 from seqaware.objectives.base import SwapClassificationObjective, choose_image_pair, randint, shallow_copy, uniform
+from seqaware.objectives.registry import register_objective
 
 
+@register_objective
 class PatchSwapPrediction(SwapClassificationObjective):
     """PISP objective.
 

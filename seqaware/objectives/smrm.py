@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqaware.objectives.base import EncoderOutput, Objective, Outcomes, shallow_copy, uniform
+from seqaware.objectives.registry import register_objective
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def spaced_window_masks(visual_mask: torch.Tensor, num_patches: int, num_masked:
     return masks & has_image[..., None]
 
 
+@register_objective
 class SequentialMaskedRegionModeling(Objective):
     """SMRM objective.
 

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from seqaware.objectives.base import STEP_KEYS, SwapClassificationObjective, shallow_copy, uniform
+from seqaware.objectives.registry import register_objective
 
 
 def text_segments(attention_mask: torch.Tensor, text_step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +38,7 @@ def text_segments(attention_mask: torch.Tensor, text_step: torch.Tensor) -> tupl
     return segment, starts
 
 
+@register_objective
 class StepOrderPrediction(SwapClassificationObjective):
     """SOP (see the module docstring): ``delta`` the probability of a swap per sequence; the head is
     ``Linear(H, 2)`` on [CLS] or, with ``head_hidden``, a 2-layer MLP."""

@@ -11,6 +11,8 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from seqaware.objectives.registry import OBJECTIVES
+
 
 MODALITIES = ("text", "image", "multimodal")
 
@@ -48,8 +50,6 @@ def check_objectives(names: str | Iterable[str], modality: str) -> tuple[str, ..
     resolved = resolve_objectives(names)
     if not resolved:
         raise ValueError("the objective set is empty")
-    from seqaware.objectives import OBJECTIVES  # the registry imports this module: no cycle at import time
-
     unknown = [n for n in resolved if n not in OBJECTIVES]
     if unknown:
         raise ValueError(f"unknown objectives {unknown}; registered: {sorted(OBJECTIVES)}")
@@ -79,8 +79,6 @@ class ObjectiveSchedule:
         if not names:
             raise ValueError("ObjectiveSchedule needs at least one objective")
         self.seed = int(seed)
-        from seqaware.objectives import OBJECTIVES  # the registry imports this module: no cycle at import time
-
         if always is None:  # the registered classes say which objectives run at every step
             always = [n for n in names if n in OBJECTIVES and OBJECTIVES[n].always_on]
         always = [always] if isinstance(always, str) else list(always)
