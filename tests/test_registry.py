@@ -287,13 +287,13 @@ def drop_in(tmp_path, monkeypatch, request):
     module, the path."""
     def drop(package_name: str, registry: Registry, filename: str, source: str) -> list[str]:
         package = importlib.import_module(package_name)
+        before = set(registry)  # the package's own modules discovered first: the new file is the difference
         folder = tmp_path / "new_files" / package_name
         folder.mkdir(parents=True, exist_ok=True)
         (folder / filename).write_text(textwrap.dedent(source))
         importlib.invalidate_caches()
         monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
         module = f"{package_name}.{Path(filename).stem}"
-        before = set(registry)
 
         def undo() -> None:
             for name in set(registry) - before:
