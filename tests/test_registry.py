@@ -333,6 +333,7 @@ def test_adding_an_objective_is_one_new_module_and_one_objective_set(drop_in, co
         class ToyLength(Objective):
             name = "toy_length"
             modalities = frozenset({"text"})
+            corrupts = frozenset()  # reads the input, changes nothing
             target_layout = {"toy_length_labels": ("sample", None)}
 
             def __init__(self, hidden_size: int, threshold: int = 3):
