@@ -8,7 +8,9 @@ the raw backbones (N) and from a sequence-aware pretrained encoder (Y).
     python scripts/label_efficiency.py --world hard --ks 8 32 --seeds 1 2 3 --objectives '[mlm,smrm]'
     python scripts/label_efficiency.py --world roc -- trainer.accelerator=gpu   # overrides of every run
 
-Per world, one pretraining run on the unlabelled pool (no order labels are read, no fine-tuning split):
+Per world, one pretraining run on the unlabelled pool (no order labels are read, no fine-tuning split), on
+whole procedures (``data.view.min_steps=max_steps=5``, as ``hparams=wu2022``), the sequences the joint
+fine-tuning encodes:
 
 * ``default`` / ``hard``: ``clipvil_pretrain`` on the world's training procedures (the pretraining view's
   sub-sequences, as Wu et al. pretrain on their training data); the test split is raised to 300
@@ -100,6 +102,10 @@ WORLDS: dict[str, World] = {
         label="ROCStories, text-only MiniLM", paper="Wu et al. Table 2, text-only RoBERTa N -> Y: WikiHow PMR "
         "+2.0, RecipeQA +5.0 (full labels; no ROC row)"),
 }
+PRETRAIN_COMMON = ("data.view.max_steps=5", "data.view.min_steps=5")
+"""Pretraining sequences are whole procedures (up to 5 steps), as the joint fine-tuning encodes them. Measured:
+an encoder pretrained on the experiments' default 2-step sub-sequences and fine-tuned with one pass over the
+whole procedure fell far below N (docs/results/label_efficiency.md, "Calibration")."""
 FINETUNE_COMMON = ("model.pair_encoding=joint", "trainer.limit_val_batches=0", "trainer.max_epochs=-1",
                    "trainer.limit_train_batches=null", "trainer.num_sanity_val_steps=0")
 
@@ -110,7 +116,7 @@ def finetune_overrides(world: World, k: int, seed: int, steps: int, batch_size: 
 
 
 def pretrain_overrides(world: World, objectives: str, steps: int, batch_size: int, extra: list[str]) -> list[str]:
-    return [*world.pretrain, *world.data_overrides, f"model.objectives.enabled={objectives}",
+    return [*world.pretrain, *world.data_overrides, *PRETRAIN_COMMON, f"model.objectives.enabled={objectives}",
             *pretrain_budget(steps, batch_size), "test=false", "seed=0", *extra]
 
 
