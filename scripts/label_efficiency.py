@@ -43,10 +43,9 @@ import argparse
 import hashlib
 import json
 import math
-import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -77,7 +76,7 @@ class World:
     pretrain_batch_size: int
     label: str
     paper: str = ""                  # what Wu et al. report for the nearest setting
-    data_overrides: tuple[str, ...] = field(default=())   # shared by pretraining and fine-tuning (one world)
+    data_overrides: tuple[str, ...] = ()   # shared by pretraining and fine-tuning (one world)
 
 
 SYNTHETIC_TEST = ("data.source.num_test=300",)
@@ -243,11 +242,11 @@ def chart(world: World, results: dict, path: Path) -> None:
 
 
 def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
-    import os
+    """The CPU model, its cores and bf16 support, as a results page names its hardware (``gpu_check``'s facts)."""
+    from scripts.gpu_check import machine as facts
 
-    return f"{model}, {os.cpu_count()} cores"
+    info = facts()
+    return f"{info['cpu']}, {info['cpu_cores']} cores, bf16: {info.get('cpu_bf16') or 'none'}"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
