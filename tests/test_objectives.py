@@ -512,6 +512,20 @@ def test_forward_backward_reaches_encoder(name):
         assert encoder.visual_proj[0].weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_every_objective_declares_what_it_corrupts_and_changes_nothing_else(name):
+    """The order of corruptions rests on each objective's ``corrupts``: declared, known, and kept."""
+    from seqaware.objectives.base import CORRUPTIONS
+    from seqaware.objectives.corruption import check_corruption
+
+    objective = build(name, TinyEncoder())
+    assert type(objective).corrupts is not None and set(type(objective).corrupts) <= set(CORRUPTIONS), name
+    batch = make_batch(B=4, S=4, P=9, image_prob=1.0)
+    corrupted, _ = objective.corrupt(batch, gen(1))
+    check_corruption(objective, batch, corrupted)  # raises on an undeclared change
+    assert any(corrupted[k] is not batch.get(k) for k in corrupted) == bool(type(objective).corrupts), name
+
+
 def test_objectives_are_deterministic_given_the_generator():
     batch = make_batch(B=8, S=4, P=9)
     for name in sorted(OBJECTIVES):
