@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,12 +119,14 @@ def test_the_whole_protocol_at_toy_size_then_resumes_without_training(tmp_path, 
     cmd = [sys.executable, str(ROOT / "scripts" / "label_efficiency.py"), "--world", "hard", "--ks", "2", "4",
            "--seeds", "1", "--steps", "2", "--batch-size", "2", "--pretrain-steps", "2", "--pretrain-batch-size", "2",
            "--objectives", "[mlm,sop,smrm]", "--out", str(out), "--results", str(results),
-           "--pretrain-override", "trainer.val_check_interval=2",
+           # 96 px: a 3 x 3 grid, so SMRM's < 50% overlap holds over a whole 5-step procedure (2 x 2 holds 4 images)
+           "--pretrain-override", "trainer.val_check_interval=2", "--pretrain-override", "data.collator.image_size=96",
            "--", f"paths.cache_dir={cache_dir}", *TINY]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert (out / "hard" / "pretrain-mlm_sop_smrm" / "encoder.pt").is_file()
+    assert len(re.findall(r"^  \S+: \d+ s$", first.stdout, re.M)) == 5  # the pretraining and 4 fine-tunings ran
     assert "no test procedure of hard is in the pretraining pool (6 checked)" in first.stdout
     line = [x for x in first.stdout.splitlines() if x.startswith(le.MARKER)][-1]
     summary = json.loads(line[len(le.MARKER):])
@@ -138,6 +141,6 @@ def test_the_whole_protocol_at_toy_size_then_resumes_without_training(tmp_path, 
             assert f"data.train_subset={k}: {k} of the 16 training procedures (seed 1)" in log
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert " s\n" not in again.stdout  # no train.py process ran
+    assert not re.search(r"^  \S+: \d+ s$", again.stdout, re.M)  # no "<run>: N s" line: no train.py process ran
     assert [x for x in again.stdout.splitlines() if x.startswith(le.MARKER)][-1].split('"cpu_s"')[0] == \
         line.split('"cpu_s"')[0]
