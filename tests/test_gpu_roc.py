@@ -110,19 +110,38 @@ def test_train_stories_of_the_shared_roc_files(shared_data):
 
 # ---------------------------------------------------------------- the time plan
 def test_the_budget_is_shared_by_the_rows_and_as_many_seeds_as_leave_each_run_two_minutes():
-    # one call: 455 s left after unpacking, two rows, 90 s of overhead a run -> seed 0 only, 137.5 s of training
-    assert plan_train_seconds(455, 2, 3, 90) == (137.5, 1)
-    assert plan_train_seconds(1000, 2, 3, 90) == (160.0, 2)      # 1000/6 - 90 = 76.7 s is under 120: two seeds
-    assert plan_train_seconds(2000, 2, 3, 90) == (2000 / 6 - 90, 3)
-    with pytest.raises(SystemExit, match="no time to train; raise --budget"):
-        plan_train_seconds(150, 2, 3, 90)
-    assert gpu_roc.planned_steps("recipe/roc_base", 16, 137.5, None, 37602) == 1718     # 0.08 s a step
+    # one call: 455 s left after unpacking, 30 s of it slack, two rows, 90 s of overhead a run -> seed 0 only,
+    # 122.5 s of training
+    assert plan_train_seconds(455, 2, 3, 90) == (122.5, 1)
+    assert plan_train_seconds(1000, 2, 3, 90) == (152.5, 2)      # 970/6 - 90 = 71.7 s is under 120: two seeds
+    assert plan_train_seconds(2000, 2, 3, 90) == (1970 / 6 - 90, 3)
+    assert plan_train_seconds(455, 2, 3, 90, slack=0) == (137.5, 1)
+    with pytest.raises(SystemExit, match=r"^--budget: 200 s left \(30 s of them kept as slack\) for 2 run\(s\) of 90 s "
+                                         r"overhead each: no time to train; raise --budget or lower --overhead-seconds$"):
+        plan_train_seconds(200, 2, 3, 90)
+    assert gpu_roc.planned_steps("recipe/roc_base", 16, 137.5, None, 37602) == 1883     # 0.073 s a step
     assert gpu_roc.planned_steps("recipe/paper", 4, 137.5, None, 37602) == 1375         # 0.10 s a step
     assert gpu_roc.planned_steps("recipe/paper", 4, 137.5, 7, 37602) == 7
     # never more than the recipe: 4 epochs of 2,351 batches of 16, 2 of 9,401 of 4
     assert gpu_roc.planned_steps("recipe/roc_base", 16, 10 ** 6, None, 37602) == 9404
     assert gpu_roc.planned_steps("recipe/paper", 4, 137.5, 10 ** 6, 37602) == 18802
     assert [max_time(164.3), max_time(0), max_time(90061)] == ["00:00:02:45", "00:00:00:00", "01:01:01:01"]
+
+
+def test_the_planned_runs_start_though_the_clock_ran_on_after_the_plan():
+    # on the H200 (2026-11-28) a plan that shared out every second left planned 359 s of training for 441 s (90 s
+    # of overhead): a second later its only run was skipped ("441 s left of the budget, a run takes about 449 s")
+    clock = [9.0]                                          # the unpacking
+    train, planned = plan_train_seconds(450.0 - clock[0], 1, 1, 90)
+    assert (train, planned) == (321.0, 1)
+    clock[0] += 1.0                                        # the plan, the machine's description
+
+    def run_one(name, seed):
+        clock[0] += train + 90
+        return {"status": "tested", "wall_s": train + 90}
+
+    records = schedule(["a"], [0], 450.0, train + 90, run_one, clock=lambda: clock[0])
+    assert [r["status"] for r in records] == ["tested"]
 
 
 def test_seeds_run_in_order_while_the_budget_covers_a_run_and_a_failed_run_is_reported():
