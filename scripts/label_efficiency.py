@@ -27,7 +27,11 @@ whatever k: small k sees its procedures more often): N from the raw backbones, Y
 one seed, nested across k). No validation labels: fine-tuning runs validate never
 (``trainer.limit_val_batches=0``) and the final weights are tested. BERSON with one encoder pass per
 procedure (``model.pair_encoding=joint``): the encoding pretraining trains (a whole sequence at a time)
-and 5-10x cheaper on a CPU than the pairwise one.
+and 5-10x cheaper on a CPU than the pairwise one.  BERSON's own pairwise encoding, with the pretraining on
+step pairs: ``--finetune-override model.pair_encoding=pairwise --pretrain-override data.view.max_steps=2
+--pretrain-override data.view.min_steps=2`` (on the hard world at k = 8, the setting where Y beats N on
+every seed; with the joint encoding N's fresh new layers against Y's pretrained ones weigh heavily at few
+labels: docs/results/label_efficiency.md).
 
 Before fine-tuning, the script checks that no test procedure is in the pretraining pool, by content
 (:func:`procedure_key`: the normalised text of every step and the bytes of every image) and stops naming
