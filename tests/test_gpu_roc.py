@@ -129,8 +129,8 @@ def test_the_budget_is_shared_by_the_rows_and_as_many_seeds_as_leave_each_run_tw
 
 
 def test_the_planned_runs_start_though_the_clock_ran_on_after_the_plan():
-    # on the H200 (2026-11-28) a plan that shared out every second left planned 359 s of training for 441 s (90 s
-    # of overhead): a second later its only run was skipped ("441 s left of the budget, a run takes about 449 s")
+    # on the H200 (2026-11-28) a plan that shared out every second planned 359 s of training + 90 s of overhead for
+    # the 449 s left: 8 s later its only run was skipped ("441 s left of the budget, a run takes about 449 s")
     clock = [9.0]                                          # the unpacking
     train, planned = plan_train_seconds(450.0 - clock[0], 1, 1, 90)
     assert (train, planned) == (321.0, 1)
