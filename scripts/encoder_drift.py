@@ -29,7 +29,7 @@ MARKER = "ENCODER_DRIFT_JSON"
 def part_of(key: str) -> str:
     """The part a weight belongs to: an embedding matrix by name, ``layer N``, ``visual`` or ``other``."""
     pieces = key.split(".")
-    if "visual" in pieces[0] or pieces[0].startswith("visual"):
+    if "visual" in pieces[0]:
         return "visual"
     if "embeddings" in pieces:
         return ".".join(pieces[pieces.index("embeddings"):-1])

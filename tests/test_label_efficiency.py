@@ -113,6 +113,10 @@ TINY = ["data.source.num_train=16", "data.source.num_val=4", "data.source.num_te
         "logger=csv", "callbacks.progress_bar.refresh_rate=0"]
 
 
+RUN_LINE = re.compile(r"^  \S+: \d+ s$", re.M)
+"""The script's "<run>: N s" line, printed once for each train.py process it starts."""
+
+
 @pytest.mark.slow  # a tiny pretraining and four tiny fine-tunings: about 60 s on 2 cores
 def test_the_whole_protocol_at_toy_size_then_resumes_without_training(tmp_path, cache_dir):
     out, results = tmp_path / "runs", tmp_path / "results"
@@ -126,7 +130,7 @@ def test_the_whole_protocol_at_toy_size_then_resumes_without_training(tmp_path, 
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert (out / "hard" / "pretrain-mlm_sop_smrm" / "encoder.pt").is_file()
-    assert len(re.findall(r"^  \S+: \d+ s$", first.stdout, re.M)) == 5  # the pretraining and 4 fine-tunings ran
+    assert len(RUN_LINE.findall(first.stdout)) == 5  # the pretraining and 4 fine-tunings ran
     assert "no test procedure of hard is in the pretraining pool (6 checked)" in first.stdout
     line = [x for x in first.stdout.splitlines() if x.startswith(le.MARKER)][-1]
     summary = json.loads(line[len(le.MARKER):])
@@ -141,6 +145,6 @@ def test_the_whole_protocol_at_toy_size_then_resumes_without_training(tmp_path, 
             assert f"data.train_subset={k}: {k} of the 16 training procedures (seed 1)" in log
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert not re.search(r"^  \S+: \d+ s$", again.stdout, re.M)  # no "<run>: N s" line: no train.py process ran
+    assert not RUN_LINE.search(again.stdout)  # no "<run>: N s" line: no train.py process ran
     assert [x for x in again.stdout.splitlines() if x.startswith(le.MARKER)][-1].split('"cpu_s"')[0] == \
         line.split('"cpu_s"')[0]
