@@ -10,6 +10,10 @@
     PYTHONPATH=/tmp/site python3 scripts/gpu_roc.py run --parts /tmp/sa/mpnet --data /tmp/sa/roc \
         --work /tmp/sa/work --report $OUT --budget 480
 
+    # the first call, with part 0 and the data only: seconds per roc_base step, eager against compiled
+    PYTHONPATH=/tmp/site python3 scripts/gpu_roc.py time-steps --parts /tmp/sa/mpnet --data /tmp/sa/roc \
+        --work /tmp/sa/work --report $OUT --choice /tmp/sa/choice.json      # then run ... --step-choice it
+
 ``run`` unpacks the weights (:func:`weight_parts.unpack`: every missing or corrupt part named) and the two tsv
 files (each checked against its SHA-256), then trains and tests the rows of scripts/berson_heads.py (its
 :func:`berson_heads.run`, its table) with ``backbones.text=backbones.tokenizer=<the unpacked folder>`` and
@@ -28,7 +32,10 @@ Seeds run in order, every row's seed 0 before any seed 1, and a run starts only 
 ``--train-seconds`` the budget is shared out between the rows and as many seeds as leave each run at least
 :data:`MIN_TRAIN_S`.  After every run ``REPORT/gpu_roc.md`` (the table), ``REPORT/gpu_roc.json`` (machine,
 command, plan, every run) and ``REPORT/gpu_roc_logs.txt`` (each run's log tail) are rewritten, so a call cut
-short keeps what it measured; checkpoints are deleted once tested (``--keep-checkpoints``).  On the CPU
+short keeps what it measured; checkpoints are deleted once tested (``--keep-checkpoints``).  ``time-steps`` times
+the steps of :data:`VARIANTS` on the architecture with random weights, from part 0 alone, so it runs in the call
+that carries part 0; ``run --step-choice`` then trains with the variant that finishes the recipe soonest, planned
+at its measured pace (:data:`STEP_MARGIN`) after its warm-up.  On the CPU
 (``--trainer cpu``, tests/test_gpu_roc.py) the same path runs at toy size.
 """
 from __future__ import annotations
@@ -81,6 +88,13 @@ PACKAGES = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "transformers")
 """What a text-only ROC run imports that the device image lacks (hydra, omegaconf and its parser) or holds in
 another version than the one tested here (transformers): pure Python, carried as one zip (pack-packages)."""
 MARKER = "GPU_ROC_JSON"
+VARIANTS = {"eager": (), "compile": ("model.compile={dynamic:true}",)}
+"""The speed variants of a ``recipe/roc_base`` step that ``time-steps`` times: the encoder eager, or under
+``torch.compile`` (``model.compile``; shapes dynamic from the first compile, since length-bucketed batches differ
+in length).  On one H200 the eager step of 16 stories is bound by kernel launches, not arithmetic."""
+STEP_MARGIN = 1.1
+"""``run --step-choice``: the measured seconds per step x this, for the two validations and the checkpoints the
+timed steps did not include."""
 
 
 class StagingError(RuntimeError):
@@ -199,10 +213,12 @@ def train_stories(data_root: Path) -> int:
     return dev - round(0.1 * dev) - round(0.2 * dev) + lines("train_extra.tsv")
 
 
-def planned_steps(name: str, batch: int, train_seconds: float, steps: Optional[int], stories: int) -> int:
-    """``steps``, else the steps that fill ``train_seconds`` at :data:`STEP_SECONDS`; never more than the
-    recipe's own (its :data:`RECIPE_EPOCHS` over ``stories`` in batches of ``batch``)."""
-    wanted = steps if steps is not None else max(1, int(train_seconds / STEP_SECONDS[name]))
+def planned_steps(name: str, batch: int, train_seconds: float, steps: Optional[int], stories: int,
+                  step_seconds: Optional[float] = None) -> int:
+    """``steps``, else the steps that fill ``train_seconds`` at ``step_seconds`` (default :data:`STEP_SECONDS`);
+    never more than the recipe's own (its :data:`RECIPE_EPOCHS` over ``stories`` in batches of ``batch``)."""
+    pace = STEP_SECONDS[name] if step_seconds is None else step_seconds
+    wanted = steps if steps is not None else max(1, int(train_seconds / pace))
     return min(wanted, RECIPE_EPOCHS[name] * math.ceil(stories / batch))
 
 
@@ -350,6 +366,9 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> dict[str
     data_root = unpack_data(args.data, work / "data")
     print(f"unpacked the weights into {model} and the data into {data_root} in {time.monotonic() - start:.0f} s",
           flush=True)
+    choice = read_step_choice(args.step_choice, args.rows) if args.step_choice is not None else None
+    if choice is not None:
+        extra = [*choice["overrides"], *extra]
     if args.train_seconds is not None:
         train_seconds, planned = args.train_seconds, len(args.seeds)
     else:
@@ -357,10 +376,14 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> dict[str
                                                     args.overhead_seconds)
     known = berson_rows()
     stories = train_stories(data_root)
+    pace = warmup = None
+    if choice is not None:
+        pace, warmup = STEP_MARGIN * choice["s_per_step"], choice["warmup_s"]
     plan = {"train_seconds": round(train_seconds, 1), "max_time": max_time(CAP * train_seconds), "seeds": args.seeds,
             "seeds_planned": planned,
-            "train_stories": stories,
-            "rows": {name: {"steps": planned_steps(name, known[name][1], train_seconds, args.steps, stories),
+            "train_stories": stories, "step_choice": choice,
+            "rows": {name: {"steps": planned_steps(name, known[name][1], train_seconds - (warmup or 0), args.steps,
+                                                   stories, pace),
                             "batch": known[name][1],
                             "recipe_steps": RECIPE_EPOCHS[name] * math.ceil(stories / known[name][1])}
                      for name in args.rows}}
@@ -392,6 +415,111 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> dict[str
     return report
 
 
+# ---------------------------------------------------------------- step timing
+def random_model(parts: Sequence[Path], dest: Path) -> Path:
+    """MPNet's architecture and tokenizer from part 0 alone (:func:`weight_parts.unpack_files`), random weights: a
+    step's time does not depend on the weights, so it is timed while the other parts are still on their way."""
+    from transformers import AutoConfig, AutoModel
+    from weight_parts import unpack_files
+
+    if not (dest / "model.safetensors").is_file():
+        unpack_files(parts, dest)
+        AutoModel.from_config(AutoConfig.from_pretrained(dest)).save_pretrained(dest)
+    return dest
+
+
+def timing_overrides(model: Path, data_root: Path, trainer: str, clock: Path, warmup: int, steps: int,
+                     variant: str, extra: Sequence[str]) -> list[str]:
+    """``train.py`` overrides of one ``time-steps`` run: ``recipe/roc_base`` on dev.tsv's training slice, no
+    validation and no test, :class:`seqaware.callbacks.StepClock` over ``steps`` steps after ``warmup``."""
+    return ["experiment=berson_roc", "hparams=roc_base", f"trainer={trainer}", f"backbones.text={model}",
+            f"backbones.tokenizer={model}", f"paths.shared_data_dir={data_root}", "data.extra_train_paths=[]",
+            f"trainer.max_steps={warmup + steps}", "trainer.max_epochs=-1", "trainer.limit_val_batches=0",
+            "trainer.num_sanity_val_steps=0", "test=false", "callbacks.progress_bar.refresh_rate=0",
+            "+callbacks.step_clock._target_=seqaware.callbacks.StepClock", f"+callbacks.step_clock.path={clock}",
+            f"+callbacks.step_clock.warmup_steps={warmup}", f"+callbacks.step_clock.steps={steps}",
+            *VARIANTS[variant], *extra]
+
+
+def time_steps(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """Seconds per ``recipe/roc_base`` step of each of ``--variants`` on a random-weight MPNet, each variant's
+    projected time for the whole recipe (its warm-up + the recipe's steps at its pace), and the fastest by that
+    projection written to ``--choice`` for ``run --step-choice``.  The table, the JSON, the logs' tails and the
+    choice are rewritten after every variant, so a call cut short keeps what it timed."""
+    from gpu_check import machine
+    from wu2022_tables import _train
+
+    start = time.monotonic()
+    model = random_model(args.parts, args.work / "mpnet-random")
+    data_root = unpack_data(args.data, args.work / "data")
+    recipe_steps = RECIPE_EPOCHS["recipe/roc_base"] * math.ceil(train_stories(data_root) / 16)
+    print(f"random-weight model and data ready in {time.monotonic() - start:.0f} s", flush=True)
+    report: dict[str, Any] = {"machine": machine(), "argv": sys.argv[1:], "recipe_steps": recipe_steps,
+                              "variants": {}, "choice": None}
+    for variant in args.variants:
+        run_dir = args.work / "steps" / variant
+        shutil.rmtree(run_dir, ignore_errors=True)
+        clock = run_dir / "step_clock.json"
+        began = time.monotonic()
+        try:
+            _train(timing_overrides(model, data_root, args.trainer, clock, args.warmup_steps, args.timed_steps,
+                                    variant, extra), run_dir, f"{variant}.log")
+            figures = json.loads(clock.read_text())
+            record = {"status": "timed", **figures, "wall_s": round(time.monotonic() - began, 1),
+                      "recipe_s": round(figures["warmup_s"] + recipe_steps * figures["s_per_step"], 1),
+                      "overrides": list(VARIANTS[variant])}
+        except SystemExit as err:                        # train.py failed: the log's tail is in the report
+            record = {"status": "failed", "error": str(err.code)}
+        except (OSError, ValueError) as err:             # it ended before the clock stopped
+            record = {"status": "failed", "error": f"{clock}: {err}"}
+        report["variants"][variant] = record
+        text = write_step_report(report, args)
+    print(text)
+    return report
+
+
+def write_step_report(report: dict[str, Any], args: argparse.Namespace) -> str:
+    """``time-steps``' table (``gpu_roc_steps.md``), JSON, the runs' log tails and the choice, as they stand."""
+    from seqaware.io import atomic_open
+
+    results = report["variants"]
+    timed = {k: v for k, v in results.items() if v["status"] == "timed"}
+    report["choice"] = min(timed, key=lambda k: timed[k]["recipe_s"]) if timed else None
+    lines = [f"`recipe/roc_base` steps on {report['machine'].get('gpu') or 'the CPU'}, random weights "
+             f"({args.warmup_steps} warm-up steps, then {args.timed_steps} timed), {report['machine']['date']}:", "",
+             f"| variant | warm-up (s) | s a step | the recipe's {report['recipe_steps']:,} steps (s) | wall (s) |",
+             "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | failed | | | |" if r["status"] != "timed" else
+                     f"| {name} | {r['warmup_s']:.1f} | {r['s_per_step']:.4f} | {r['recipe_s']:.0f} | {r['wall_s']:.0f} |")
+    text = "\n".join(lines) + (f"\n\nfastest for the recipe: {report['choice']}\n" if timed else "\n\nnone timed\n")
+    args.report.mkdir(parents=True, exist_ok=True)
+    with atomic_open(args.report / "gpu_roc_steps.md", "w") as handle:
+        handle.write(text)
+    with atomic_open(args.report / "gpu_roc_steps.json", "w") as handle:
+        json.dump(report, handle, indent=1)
+    with atomic_open(args.report / "gpu_roc_steps_logs.txt", "w") as handle:
+        for variant in results:
+            log = args.work / "steps" / f"{variant}.log"
+            lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+            handle.write(f"==> {variant}.log (last 60 of {len(lines)} lines)\n" + "\n".join(lines[-60:]) + "\n\n")
+    if timed:
+        with atomic_open(args.choice, "w") as handle:
+            json.dump({"variant": report["choice"], **timed[report["choice"]]}, handle, indent=1)
+    return text
+
+
+def read_step_choice(path: Path, rows: Sequence[str]) -> dict[str, Any]:
+    """``run --step-choice``: the variant ``time-steps`` chose (its overrides, seconds per step and warm-up)."""
+    if list(rows) != ["recipe/roc_base"]:
+        raise SystemExit(f"--step-choice times recipe/roc_base steps: use it with --rows recipe/roc_base, not {list(rows)}")
+    try:
+        choice = json.loads(path.read_text())
+        return {k: choice[k] for k in ("variant", "overrides", "s_per_step", "warmup_s")}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"--step-choice {path}: not a choice written by gpu_roc.py time-steps ({err})") from err
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from seqaware.launch import split_overrides
     from weight_parts import PartsError
@@ -420,6 +548,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r.add_argument("--val-stories", type=int, default=400, help="validation stories, at the middle and the end")
     r.add_argument("--trainer", default="gpu", choices=("gpu", "cpu"))
     r.add_argument("--keep-checkpoints", action="store_true")
+    r.add_argument("--step-choice", type=Path, default=None,
+                   help="a time-steps choice: its variant's overrides, and its pace for the plan (recipe/roc_base)")
+    t = sub.add_parser("time-steps", help="seconds per recipe/roc_base step of each variant, random weights from part 0")
+    t.add_argument("--parts", type=Path, nargs="+", required=True, help="folders holding manifest.json and part 0")
+    t.add_argument("--data", type=Path, required=True, help="the folder pack-data wrote")
+    t.add_argument("--work", type=Path, required=True)
+    t.add_argument("--report", type=Path, required=True, help="gpu_roc_steps.md / .json")
+    t.add_argument("--choice", type=Path, required=True, help="the fastest variant for the recipe (run --step-choice)")
+    t.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    t.add_argument("--warmup-steps", type=int, default=60)
+    t.add_argument("--timed-steps", type=int, default=200)
+    t.add_argument("--trainer", default="gpu", choices=("gpu", "cpu"))
     args = parser.parse_args(own)
     try:
         if args.command == "pack-data":
@@ -428,6 +568,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "pack-packages":
             pinned = pack_packages(args.dest, args.names)
             print(f"{args.dest}: {args.dest.stat().st_size:,} bytes, {' '.join(pinned)}")
+        elif args.command == "time-steps":
+            return 0 if time_steps(args, extra)["choice"] else 1
         else:
             report = run(args, extra, argv)
             return 0 if any(r["status"] == "tested" for r in report["runs"]) else 1

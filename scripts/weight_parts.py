@@ -292,6 +292,24 @@ def unpack(folders: Sequence[Path], dest: Path) -> Path:
     return build_folder_once(dest.parent, dest.name, build)
 
 
+def unpack_files(folders: Sequence[Path], dest: Path) -> Path:
+    """The pack's files other than weights (config, tokenizer) written into ``dest``, from part 0 alone (``pack``
+    puts them all there): enough to build the architecture with random weights before the other parts arrive.
+    Part 0 missing or corrupt is named."""
+    folders = [Path(f) for f in folders]
+    manifest = read_manifest(folders)
+    found, problems = locate_parts(folders, manifest)
+    if found[0] is None:
+        raise PartsError(f"the files are in part 0: {problems[0]}")
+    first = found[0].read_bytes()
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in manifest["files"]:
+        if entry["offset"] + entry["bytes"] > len(first):
+            raise PartsError(f"{entry['name']} lies beyond part 0 of {found[0]}: not a pack of this format")
+        (dest / entry["name"]).write_bytes(first[entry["offset"]:entry["offset"] + entry["bytes"]])
+    return dest
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -444,3 +444,50 @@ class RuntimeForecast(pl.Callback):
                             "trainer.limit_train_batches), or train on a GPU (trainer=gpu).")
             log.warning(message)
             warnings.warn(message, stacklevel=1)
+
+
+class StepClock(pl.Callback):
+    """Seconds per training step once the first ``warmup_steps`` are over (a benchmark's figure; not a default
+    callback): ``+callbacks.step_clock._target_=seqaware.callbacks.StepClock +callbacks.step_clock.path=FILE``.
+
+    The clock starts after batch ``warmup_steps`` ends (the first steps build caches, and compile under
+    ``model.compile``) and stops after ``warmup_steps + steps`` batches; on a GPU both ends synchronise the
+    device, so the figure is the steps' whole time, host and device.  ``path`` receives (atomically) one JSON
+    object: ``warmup_s`` (from the start of training to the clock's start), ``steps``, ``seconds`` and
+    ``s_per_step``; the same figures are logged.  A fit that ends before the clock stops writes nothing."""
+
+    def __init__(self, path: str, warmup_steps: int = 50, steps: int = 200):
+        if warmup_steps < 0 or steps < 1:
+            raise ValueError(f"StepClock needs warmup_steps >= 0 and steps >= 1, got {warmup_steps} and {steps}")
+        self.path, self.warmup_steps, self.steps = Path(path), int(warmup_steps), int(steps)
+        self._train_start: float | None = None
+        self._start: float | None = None
+        self.figures: dict | None = None
+
+    @staticmethod
+    def _now(pl_module: pl.LightningModule) -> float:
+        if pl_module.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._train_start = self._now(pl_module)
+        if self.warmup_steps == 0:
+            self._start = self._train_start
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
+        done = int(trainer.fit_loop.epoch_loop.total_batch_idx) + 1     # training batches finished
+        if done == self.warmup_steps:
+            self._start = self._now(pl_module)
+        elif done == self.warmup_steps + self.steps and self._start is not None and self.figures is None:
+            seconds = self._now(pl_module) - self._start
+            self.figures = {"warmup_steps": self.warmup_steps, "warmup_s": round(self._start - self._train_start, 3),
+                            "steps": self.steps, "seconds": round(seconds, 3),
+                            "s_per_step": round(seconds / self.steps, 5)}
+            log.info("step clock: %d steps after %d warm-up steps (%.1f s): %.4f s a step", self.steps,
+                     self.warmup_steps, self.figures["warmup_s"], self.figures["s_per_step"])
+            if trainer.is_global_zero:
+                with atomic_open(self.path, "w") as handle:
+                    json.dump(self.figures, handle)

@@ -292,6 +292,22 @@ def test_decoding_choice_is_validated():
         assert [sorted(o) for o in orders] == [list(range(5)), list(range(3))]
 
 
+def test_model_compile_puts_the_encoder_alone_under_torch_compile_and_keeps_the_checkpoint_keys():
+    """``model.compile`` (the GPU speed switch of ``hparams=roc_base``): the encoder runs compiled, the BERSON network
+    eagerly, and the state dict is the eager module's, so checkpoints load either way.  That a compiled encoder
+    trains like the eager one: tests/test_master_weights.py (the same SeqawareModule.compile_encoder)."""
+    eager, compiled = _module("text", pair_encoding="joint"), _module("text", pair_encoding="joint",
+                                                                      compile={"dynamic": True})
+    assert compiled.hparams.compile == {"dynamic": True} and eager.hparams.compile is False
+    assert compiled.encoder._compiled_call_impl is not None and eager.encoder._compiled_call_impl is None
+    assert compiled.decoder._compiled_call_impl is None and compiled.pair_states._compiled_call_impl is None
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    compiled.load_state_dict(eager.state_dict())
+    with pytest.raises(ValueError, match=r"^model.compile must be true, false or a dict of torch.compile's arguments, "
+                                         r"got 'yes'$"):
+        _module("text", compile="yes")
+
+
 def test_single_stream_encoder_text_ablation_has_no_visual_part():
     from seqaware.encoders import create_encoder
 

@@ -128,6 +128,27 @@ def test_the_budget_is_shared_by_the_rows_and_as_many_seeds_as_leave_each_run_tw
     assert [max_time(164.3), max_time(0), max_time(90061)] == ["00:00:02:45", "00:00:00:00", "01:01:01:01"]
 
 
+def test_a_step_choice_sets_the_pace_of_the_plan_and_only_for_roc_base(tmp_path):
+    # time-steps measured 0.04 s a step after 90 s of compiling: 9,404 steps need 376 s + 90 s
+    path = tmp_path / "choice.json"
+    path.write_text(json.dumps({"variant": "compile", "status": "timed", "warmup_steps": 60, "warmup_s": 90.0,
+                                "steps": 200, "seconds": 8.0, "s_per_step": 0.04, "recipe_s": 466.2,
+                                "overrides": ["model.compile={dynamic:true}"]}))
+    choice = gpu_roc.read_step_choice(path, ["recipe/roc_base"])
+    assert choice == {"variant": "compile", "overrides": ["model.compile={dynamic:true}"], "s_per_step": 0.04,
+                      "warmup_s": 90.0}
+    pace = gpu_roc.STEP_MARGIN * choice["s_per_step"]
+    assert gpu_roc.planned_steps("recipe/roc_base", 16, 300 - 90, None, 37602, pace) == 4772      # 210 s / 0.044
+    assert gpu_roc.planned_steps("recipe/roc_base", 16, 520 - 90, None, 37602, pace) == 9404      # the whole recipe
+    with pytest.raises(SystemExit, match=r"^--step-choice times recipe/roc_base steps: use it with --rows "
+                                         r"recipe/roc_base, not \['recipe/roc_base', 'recipe/paper'\]$"):
+        gpu_roc.read_step_choice(path, list(gpu_roc.ROWS))
+    path.write_text("{}")
+    with pytest.raises(SystemExit, match=rf"^--step-choice {path}: not a choice written by gpu_roc.py time-steps "
+                                         r"\('variant'\)$"):
+        gpu_roc.read_step_choice(path, ["recipe/roc_base"])
+
+
 def test_the_planned_runs_start_though_the_clock_ran_on_after_the_plan():
     # on the H200 (2026-11-28) a plan that shared out every second planned 359 s of training + 90 s of overhead for
     # the 449 s left: 8 s later its only run was skipped ("441 s left of the budget, a run takes about 449 s")
@@ -290,3 +311,37 @@ def test_a_run_cut_by_max_time_is_validated_at_the_cut_and_its_checkpoint_tested
     assert gpu_roc.steps_done(out) == 3                                # of 2 epochs x 9 batches of 4 stories
     assert json.loads((out / "run.json").read_text())["tested_checkpoint"].endswith(".ckpt")
     assert 0.0 <= metrics["test/pmr"] <= 1.0
+
+
+@pytest.mark.slow
+def test_time_steps_times_a_variant_on_random_weights_from_part_0_and_writes_the_choice(tmp_path):
+    """``time-steps`` in the first device call: part 0 and the data only (parts 1 and 2 come later), the
+    architecture with random weights, the steps of ``recipe/roc_base`` timed by StepClock, the table, and the
+    choice that ``run --step-choice`` reads."""
+    from test_weight_parts import tiny_mpnet_folder
+    from weight_parts import pack
+
+    manifest = pack(tiny_mpnet_folder(tmp_path / "src"), tmp_path / "parts", max_mib=0.8)
+    call = tmp_path / "call0"
+    call.mkdir()
+    for name in ("manifest.json", manifest["parts"][0]["file"]):
+        (call / name).write_bytes((tmp_path / "parts" / name).read_bytes())
+    pack_data(write_roc(tmp_path / "shared" / "roc"), call / "roc")
+    work, report, choice = tmp_path / "work", tmp_path / "report", tmp_path / "choice.json"
+    cmd = [sys.executable, "scripts/gpu_roc.py", "time-steps", "--parts", str(call), "--data", str(call / "roc"),
+           "--work", str(work), "--report", str(report), "--choice", str(choice), "--trainer", "cpu",
+           "--variants", "eager", "--warmup-steps", "1", "--timed-steps", "2", "--", "data.batch_size=4"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((report / "gpu_roc_steps.json").read_text())
+    eager = result["variants"]["eager"]
+    assert result["choice"] == "eager" and result["recipe_steps"] == 12        # 4 epochs of 33 stories in 16s
+    assert eager["status"] == "timed" and eager["steps"] == 2 and eager["warmup_steps"] == 1
+    assert eager["s_per_step"] > 0 and eager["recipe_s"] == round(eager["warmup_s"] + 12 * eager["s_per_step"], 1)
+    assert json.loads(choice.read_text())["s_per_step"] == eager["s_per_step"]
+    composed = yaml.safe_load((work / "steps" / "eager" / ".hydra" / "config.yaml").read_text())
+    assert composed["model"]["compile"] is False and composed["data"]["extra_train_paths"] == []
+    assert composed["trainer"]["max_steps"] == 3 and composed["test"] is False
+    assert (work / "mpnet-random" / "model.safetensors").is_file()              # random weights, part 0's files
+    assert "| eager |" in (report / "gpu_roc_steps.md").read_text()
+    assert "step clock: 2 steps after 1 warm-up steps" in (report / "gpu_roc_steps_logs.txt").read_text()

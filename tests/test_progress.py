@@ -251,3 +251,32 @@ def test_runtime_forecast_names_base_size_encoders_only_when_the_model_has_one(m
         assert message.endswith("or train on a GPU (trainer=gpu).")
     assert text_model_width(_with_text_model(hidden)(FakeClock())) == hidden
     assert text_model_width(_TenSecondSteps(FakeClock())) is None
+
+
+# ---------------------------------------------------------------- the benchmarks' step clock
+def test_step_clock_times_the_steps_after_the_warm_up_and_writes_its_figures(monkeypatch, tmp_path, caplog):
+    """StepClock (scripts/gpu_roc.py time-steps): 10-s steps on a fake clock, 2 warm-up steps, then 3 timed; a fit
+    that ends before the clock stops writes nothing."""
+    import json
+
+    from seqaware.callbacks import StepClock
+
+    fake = FakeClock()
+    monkeypatch.setattr("seqaware.callbacks.time.perf_counter", fake)
+
+    def fit(clock: StepClock) -> None:       # _TenSecondSteps stops after 6 batches
+        trainer = pl.Trainer(accelerator="cpu", max_steps=1000, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, callbacks=[clock])
+        trainer.fit(_TenSecondSteps(fake), DataLoader(TensorDataset(torch.zeros(20, 2)), batch_size=1))
+
+    clock = StepClock(str(tmp_path / "clock.json"), warmup_steps=2, steps=3)
+    with caplog.at_level("INFO", logger="seqaware.callbacks"):
+        fit(clock)
+    figures = {"warmup_steps": 2, "warmup_s": 20.0, "steps": 3, "seconds": 30.0, "s_per_step": 10.0}
+    assert clock.figures == figures and json.loads((tmp_path / "clock.json").read_text()) == figures
+    assert "step clock: 3 steps after 2 warm-up steps (20.0 s): 10.0000 s a step" in caplog.text
+    short = StepClock(str(tmp_path / "short.json"), warmup_steps=4, steps=3)
+    fit(short)
+    assert short.figures is None and not (tmp_path / "short.json").exists()
+    with pytest.raises(ValueError, match=r"^StepClock needs warmup_steps >= 0 and steps >= 1, got 2 and 0$"):
+        StepClock(str(tmp_path / "x.json"), warmup_steps=2, steps=0)

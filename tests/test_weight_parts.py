@@ -168,3 +168,19 @@ def test_unpack_from_several_folders_reuses_its_folder_and_refuses_another_pack(
         unpack([folders[0], copy], tmp_path / "model2")
     manifest = json.loads((folders[0] / "manifest.json").read_text())
     assert manifest["format"] == "seqaware-weight-parts/1" and len(manifest["parts"]) == 3
+
+
+def test_the_config_and_tokenizer_come_out_of_part_0_alone(tiny_folder, tmp_path):
+    """What ``gpu_roc.py time-steps`` builds a random-weight model from while parts 1 and 2 are still to come."""
+    from weight_parts import unpack_files
+
+    manifest, (a, b, c) = _packed_in_three_folders(tiny_folder, tmp_path)
+    dest = unpack_files([a], tmp_path / "arch")
+    names = sorted(e["name"] for e in manifest["files"])
+    assert names and sorted(p.name for p in dest.iterdir()) == names
+    for name in names:
+        assert (dest / name).read_bytes() == (tiny_folder / name).read_bytes()
+    (a / "part-000.bin").rename(b / "elsewhere.bin")
+    with pytest.raises(PartsError, match=rf"^the files are in part 0: part-000.bin \(part 1 of 3, .* bytes\): "
+                                         rf"missing: in none of {a}$"):
+        unpack_files([a], tmp_path / "arch2")

@@ -151,6 +151,20 @@ class SeqawareModule(pl.LightningModule):
                 frozen = {}
             self._frozen_sources = frozen
 
+    def compile_encoder(self, compile: bool | dict) -> None:
+        """``model.compile``: ``true`` runs ``self.encoder`` under ``torch.compile`` (fused elementwise kernels and
+        far fewer kernel launches; the first steps compile, and a new input shape can recompile, after which
+        torch marks the changing dimensions dynamic), a dict passes its keys to it (``{mode: max-autotune,
+        dynamic: false}``); ``false`` runs it eagerly.  In place (``nn.Module.compile``): the state dict keeps
+        its keys, so checkpoints load either way."""
+        if not compile:
+            return
+        if not isinstance(compile, (bool, dict)):
+            raise ValueError(f"model.compile must be true, false or a dict of torch.compile's arguments, got {compile!r}")
+        options = {} if compile is True else dict(compile)
+        self.encoder.compile(**options)
+        log.info("the encoder runs under torch.compile(%s)", ", ".join(f"{k}={v!r}" for k, v in options.items()))
+
     def frozen_modules(self) -> list[nn.Module]:
         """Modules that stay in eval mode while the rest trains (each one itself, not its children:
         list every module, e.g. ``list(backbone.modules())``).  Default: none."""

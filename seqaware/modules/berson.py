@@ -85,6 +85,10 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             orders the same way (:func:`seqaware.modules.sequencing.reference_targets`).  Default False:
             BERSON's loss on the authored order, which for a DAG with independent chains asks for one
             arbitrary interleaving while PMR accepts any.
+        compile: ``true`` runs the encoder under ``torch.compile``, a dict passes its keys to it; ``false``
+            (default) runs it eagerly (:meth:`~seqaware.modules.base.SeqawareModule.compile_encoder`).  A speed
+            switch for GPUs, where a base-size encoder's step over a few short steps is bound by kernel
+            launches rather than arithmetic (docs/results/performance.md); the pointer network stays eager.
 
     Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
     the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
@@ -97,7 +101,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                  head_lr: Optional[float] = None, reference_selection: str = "joint",
                  multi_reference_targets: bool = False, pair_encoding: str = "pairwise", joint_max_tokens: int = 512,
                  pair_dropout: float = 0.1, test_views: int = 1,
-                 joint_segments: str = "none"):
+                 joint_segments: str = "none", compile: bool | dict = False):
         super().__init__()
         fitting_decoder(decoding, PROVIDES, "model.decoding")
         if pair_encoding not in PAIR_ENCODINGS:
@@ -118,7 +122,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                                    "multi_reference_targets": multi_reference_targets,
                                    "pair_encoding": pair_encoding, "joint_max_tokens": joint_max_tokens,
                                    "pair_dropout": pair_dropout, "test_views": test_views,
-                                   "joint_segments": joint_segments})
+                                   "joint_segments": joint_segments, "compile": as_container(compile)})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         if joint_segments != "none" and (pair_encoding != "joint" or self.encoder.uses_images):
@@ -130,6 +134,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                              f"MiniLM); backbones.text={self.hparams.encoder.get('name_or_path')!r} has "
                              f"{getattr(self.encoder, 'type_vocab_size', 1)} (MPNet: none, RoBERTa: one): "
                              "set model.joint_segments=none")
+        self.compile_encoder(as_container(compile))
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
         self.pair_encoding = pair_encoding
         self.joint_max_tokens = int(joint_max_tokens)

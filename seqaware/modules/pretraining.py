@@ -138,9 +138,9 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         clean_pass_eval: SMRM's clean no-grad target pass runs without dropout.
         export_weights: ``best`` (best monitored checkpoint) | ``last`` weights go to ``encoder_file``.
         encoder_file: file name of the exported encoder state dict in the run folder.
-        compile: ``true`` runs the encoder under ``torch.compile`` (fused elementwise kernels; the first
-            steps compile, and each new input shape can recompile), a dict passes its keys to it
-            (``{mode: max-autotune, dynamic: false}``); ``false`` (default) runs it eagerly.
+        compile: ``true`` runs the encoder under ``torch.compile``, a dict passes its keys to it
+            (``{mode: max-autotune, dynamic: false}``); ``false`` (default) runs it eagerly
+            (:meth:`~seqaware.modules.base.SeqawareModule.compile_encoder`).
         head_lr: learning rate of the randomly initialised parts: the objectives' heads and the
             encoder's new layers (:meth:`~seqaware.encoders.base.SequenceEncoder.new_parameters`:
             visual projection, step embedding, ...); null: ``optimizer.lr`` for every parameter, as in
@@ -223,11 +223,7 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             n = len(freeze_batchnorm_layers(self.encoder))
             if n:
                 log.info("froze %d BatchNorm layers of the encoder", n)
-        if compile:
-            # in place (nn.Module.compile): the state dict keeps its keys, checkpoints load either way
-            options = {} if compile is True else dict(compile)
-            self.encoder.compile(**options)
-            log.info("the encoder runs under torch.compile(%s)", ", ".join(f"{k}={v!r}" for k, v in options.items()))
+        self.compile_encoder(as_container(compile))
         embeddings = getattr(self.encoder, "word_embeddings", None)
         if not self.encoder.uses_text and isinstance(embeddings, nn.Embedding):
             # an image-only encoder never reads its text model's word embeddings: without a gradient
