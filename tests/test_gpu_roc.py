@@ -128,6 +128,18 @@ def test_the_budget_is_shared_by_the_rows_and_as_many_seeds_as_leave_each_run_tw
     assert [max_time(164.3), max_time(0), max_time(90061)] == ["00:00:02:45", "00:00:00:00", "01:01:01:01"]
 
 
+def test_max_time_ends_the_fit_in_time_for_the_test_whatever_the_planned_training_time(tmp_path):
+    # the H200 on 2026-11-28: --budget 585 --train-seconds 450 gave max_time 540 s, and with the start-up and the
+    # sanity check's compile before Lightning's clock started, the call's limit came before the test
+    def cap(*args) -> str:
+        return next(o for o in gpu_roc.run_overrides("recipe/roc_base", tmp_path, tmp_path, "gpu", *args)
+                    if o.startswith("++trainer.max_time="))
+
+    assert cap(450.0, []) == "++trainer.max_time=00:00:09:00"                       # 1.2 x 450 s
+    assert cap(450.0, [], 585 - 1 - gpu_roc.RESERVE_S) == "++trainer.max_time=00:00:08:04"   # what the budget leaves
+    assert cap(100.0, [], 484.0) == "++trainer.max_time=00:00:02:00"                # 1.2 x 100 s is less
+
+
 def test_a_step_choice_sets_the_pace_of_the_plan_and_only_for_roc_base(tmp_path):
     # time-steps measured 0.04 s a step after 90 s of compiling: 9,404 steps need 376 s + 90 s
     path = tmp_path / "choice.json"
