@@ -184,6 +184,8 @@ def register_resolvers() -> None:
         "uses_text": lambda m: _check_modality(m) in ("text", "multimodal"),
         "uses_images": lambda m: _check_modality(m) in ("image", "multimodal"),
         "auto_precision": auto_precision,
+        # trainer.inference_mode: evaluation under torch.inference_mode unless the encoder is compiled (model.compile)
+        "inference_mode": lambda compile: not compile,
         "help_groups": help_groups,
     }
     for name, fn in resolvers.items():

@@ -308,6 +308,22 @@ def test_model_compile_puts_the_encoder_alone_under_torch_compile_and_keeps_the_
         _module("text", compile="yes")
 
 
+@pytest.mark.parametrize("overrides, inference_mode", [
+    (("experiment=berson_roc",), True),
+    (("experiment=berson_roc", "model.compile={dynamic:true}"), False),
+    (("experiment=berson_roc", "model.compile=true"), False),
+    (("experiment=clipvil_pretrain", "model.compile=true"), False),
+    (("experiment=teo_head_synthetic",), True),                        # a module without the switch
+])
+def test_a_compiled_encoder_is_evaluated_under_no_grad_so_the_test_reuses_its_graph(compose_train, overrides,
+                                                                                      inference_mode):
+    """Lightning evaluates under torch.inference_mode by default; its inference tensors fail the guards of the
+    graph the fit's validation compiled, so a compiled run's test compiled the encoder a third time (seen with
+    TORCH_LOGS=recompiles; about a minute for MPNet-base on a GPU).  With ``model.compile`` the trainer evaluates
+    under no_grad."""
+    assert compose_train(*overrides).trainer.inference_mode is inference_mode
+
+
 def test_single_stream_encoder_text_ablation_has_no_visual_part():
     from seqaware.encoders import create_encoder
 
