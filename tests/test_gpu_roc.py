@@ -140,6 +140,17 @@ def test_max_time_ends_the_fit_in_time_for_the_test_whatever_the_planned_trainin
     assert cap(100.0, [], 484.0) == "++trainer.max_time=00:00:02:00"                # 1.2 x 100 s is less
 
 
+@pytest.mark.parametrize("variant, compile", [("eager", False), ("compile", {"dynamic": True}),
+                                              ("cudagraphs", {"mode": "reduce-overhead", "dynamic": True})])
+def test_each_timed_variant_composes_to_roc_base_with_its_compile_setting(compose_train, tmp_path, variant, compile):
+    overrides = gpu_roc.timing_overrides(tmp_path / "mpnet", tmp_path / "data", "cpu", tmp_path / "clock.json", 40,
+                                         150, variant, [])
+    cfg = compose_train(*[o for o in overrides if not o.startswith("backbones.")])
+    assert cfg.model.compile == compile and cfg.trainer.inference_mode is (not compile)
+    assert cfg.model.pair_encoding == "joint" and cfg.data.batch_size == 16 and cfg.trainer.max_steps == 190
+    assert cfg.callbacks.step_clock.warmup_steps == 40 and cfg.callbacks.step_clock.steps == 150
+
+
 def test_a_step_choice_sets_the_pace_of_the_plan_and_only_for_roc_base(tmp_path):
     # time-steps measured 0.04 s a step after 90 s of compiling: 9,404 steps need 376 s + 90 s
     path = tmp_path / "choice.json"
