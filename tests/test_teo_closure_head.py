@@ -457,3 +457,67 @@ def test_unknown_feature_sets_are_named():
         TeoClosureHeadModule(encoder, optimizer, features="minilm")
     with pytest.raises(ValueError, match="model.extra_features: names must not be 'encoder'"):
         TeoClosureHeadModule(encoder, optimizer, extra_features={"encoder": "offline:minilm"})
+
+
+def test_fine_tuning_the_encoder_starts_every_fold_from_the_pretrained_weights_and_trains_end_to_end(compose_train,
+                                                                                                     tmp_path):
+    """``model.encoder_lr``: each cross-validation fit fine-tunes a fresh copy of the pretrained encoder on its
+    fold's training plans alone, the final fit fine-tunes the module's encoder with the heads (two parameter
+    groups), the baseline reads the frozen pretrained features, and the copy stays out of the checkpoint."""
+    from conftest import TINY_BERT
+    import train
+    from seqaware.modules.teo_closure_head import mean_pooled
+
+    cfg = compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
+                        f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "~data.extra_eval_paths.all_pairs",
+                        "data.rfg_path=null", "data.cv_folds=3", "trainer.max_epochs=3", f"model.encoder.config={TINY_BERT}",
+                        "model.members=1", "model.encoder_lr=1e-2", "model.cv_grid=[{closure: max},{closure: none}]",
+                        "callbacks.last_checkpoint.every_n_epochs=1")
+    datamodule, model, trainer = train.build(cfg)
+    pretrained = {k: v.clone() for k, v in model.encoder.state_dict().items()}
+    fits = []
+    real_fit = model._fit_tuned
+
+    def spy(setting, plans, steps, seed):
+        start = model._frozen_encoder().state_dict()
+        assert all(torch.equal(start[k], v) for k, v in pretrained.items())     # every fit starts pretrained
+        ensemble, encoder = real_fit(setting, plans, steps, seed)
+        fits.append(({p["plan_id"] for p in plans}, any(not torch.equal(encoder.state_dict()[k], v)
+                                                        for k, v in pretrained.items())))
+        return ensemble, encoder
+
+    model._fit_tuned = spy
+    trainer.fit(model, datamodule=datamodule)
+    assert len(fits) == 6 and all(tuned for _, tuned in fits)                  # 3 folds x 2 settings, each fine-tuned
+    assert sorted(len(plans) for plans, _ in fits) == [4] * 6                  # 6 plans, 3 folds: 4 to train on
+    cv = json.loads(Path(cfg.model.cv_file).read_text())
+    assert list(cv["rows"]) == ["closure=max", "closure=none", "logistic regression"]
+    groups = trainer.optimizers[0].param_groups
+    assert [g["lr"] for g in groups] == [cfg.model.optimizer.lr, 1e-2]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in model.encoder.parameters()}
+    assert any(not torch.equal(model.encoder.state_dict()[k], v) for k, v in pretrained.items())   # the fit tuned it
+    batch = datamodule.collator(datamodule.items["train"][:1])
+    frozen = mean_pooled(model._pretrained[0], batch["input_ids"], batch["attention_mask"])
+    torch.testing.assert_close(model.embed(batch, "encoder")[0], frozen)      # the baseline's features: pretrained
+    model.eval()
+    assert not torch.allclose(model.head_features(batch)[0], frozen)          # the heads': the fine-tuned encoder's
+    ckpt = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert set(ckpt["state_dict"]) == set(model.state_dict()) and not any("_pretrained" in k for k in ckpt["state_dict"])
+    trainer.test(model, datamodule=datamodule)
+    rows = model.test_rows["catbench"]
+    assert rows["closure head"]["twin_consistency"] == 1.0 and rows["closure head"]["n"] == 40
+    _, reloaded, tester = train.build(cfg)                                   # tested from the checkpoint
+    tester.test(reloaded, datamodule=datamodule, ckpt_path=str(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"))
+    assert reloaded.test_rows["catbench"]["closure head"] == rows["closure head"]
+
+
+def test_fine_tuning_settings_are_checked():
+    from seqaware.modules.teo_closure_head import TeoClosureHeadModule
+
+    encoder, optimizer = {}, {"_target_": "torch.optim.AdamW", "lr": 1e-3}   # refused before anything is built
+    with pytest.raises(ValueError, match=r"^model.encoder_lr must be a positive learning rate or null \(frozen\), got 0$"):
+        TeoClosureHeadModule(encoder, optimizer, encoder_lr=0)
+    with pytest.raises(ValueError, match=r"^model.encoder_lr=2e-05 fine-tunes the module's encoder, so the heads read "
+                                         r"features 'encoder' alone; got model.cv_grid\[1\].features='encoder\+mpnet'$"):
+        TeoClosureHeadModule(encoder, optimizer, encoder_lr=2e-5, extra_features={"mpnet": "offline:mpnet"},
+                             cv_grid=[{}, {"features": "encoder+mpnet"}])

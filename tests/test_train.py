@@ -123,6 +123,7 @@ PRESETS = {
     "roc_base": ("berson_roc",),
     "berson_roc_paper": ("berson_roc",),
     "catbench_base": ("teo_plan_head_catbench",),
+    "catbench_finetune": ("teo_plan_head_catbench",),
 }
 # On top of SMOKE's: the preset's 5-image pretraining sequences need more than the 4 patches of a 64-px grid
 # for SMRM's masks to stay below 50% overlap (sec. 4.2.3; 16 at 128 px); the preset's own 224 px give 49.
@@ -131,7 +132,11 @@ PRESET_EXTRA = {"wu2022": ["data.collator.image_size=128"],
                 # MiniLM's real weights under the name of the closure head's extra feature set
                 # (test_base_presets_with_the_real_mpnet runs them on the real weights where installed)
                 "roc_base": [f"model.encoder.config={TINY_MPNET}", "backbones.tokenizer=offline:minilm"],
-                "catbench_base": ["model.extra_features.mpnet=offline:minilm", "data.rfg_path=null"]}
+                "catbench_base": ["model.extra_features.mpnet=offline:minilm", "data.rfg_path=null"],
+                # (catbench_finetune fine-tunes MPNet-base at every step: 50 s a step on 2 CPU cores, so the real
+                # weights are not run here; catbench_base's test loads them)
+                "catbench_finetune": [f"model.encoder.config={TINY_MPNET}", "backbones.tokenizer=offline:minilm",
+                                      "data.rfg_path=null"]}
 # Both precisions, forced: CI may run on a CPU without fast bf16, where auto_precision (berson_*, teo_head_*)
 # picks 32-true and a bf16-only failure (fused AdamW + clipping under bf16-mixed, hparams=wu2022) would
 # pass unseen; bf16 autocast runs on any x86 CPU, only slower. Precision-free params: the fast loop keeps

@@ -34,6 +34,13 @@ asked, it is "yes"; docs/results/teo.md), so the model predicts *direct* depende
    so twins still agree).  A grid setting may set it; settings that differ only in ``blend`` share
    their trained heads in the cross-validation.
 
+**Fine-tuning the encoder** (``encoder_lr``, default null: frozen).  With a learning rate the module's own
+encoder (the ``encoder`` feature set, the only one its settings may then read) trains with the heads, end to
+end: every step re-encodes the training plans' steps with gradients.  Each cross-validation fit starts from
+the pretrained weights again (a copy per fit), so no held-out plan is ever seen by the encoder that answers
+it; the logistic-regression baseline reads a frozen copy of the pretrained encoder.  A GPU recipe for
+base-size encoders (``hparams=catbench_finetune``).
+
 Training: binary cross-entropy of ``r`` at every labelled pair, all training plans in one batch
 (``data.batch_size: null``), ``trainer.max_epochs`` steps of the optimiser (AdamW); pairs of r-FG
 plans (``source: rfg``, optional extra supervision) weigh ``rfg_weight``.
@@ -72,6 +79,7 @@ re-exports the parts' names.
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -147,11 +155,13 @@ class TeoClosureHeadModule(SeqawareModule):
         feature_max_tokens: word pieces per step for the ``extra_features`` models.
         logistic_baseline, baseline_C: the logistic-regression row (and its inverse regularisation).
         cv_file: where the cross-validation table is written as JSON (null: not written).
+        encoder_lr: null (the encoder stays frozen) or the learning rate at which the encoder fine-tunes
+            with the heads (module docstring); then every setting must read ``features: encoder``.
         head_threads: CPU threads while the heads train (the cross-validation fits and the fit's steps;
             the previous number is restored after): their tensors are tiny, and on a shared 2-core
             CPU two threads made 50 steps 8x slower than one (docs/results/teo.md); null: leave torch's.
 
-    Frozen parts: the encoder.
+    Frozen parts: the encoder, unless ``encoder_lr`` is set.
     """
 
     def __init__(self, encoder: dict, optimizer: dict, head: Optional[dict] = None, members: int = 3,
@@ -159,7 +169,7 @@ class TeoClosureHeadModule(SeqawareModule):
                  rfg_weight: float = 1.0, logistic_baseline: bool = True, baseline_C: float = 1.0,
                  cv_file: Optional[str] = None, head_threads: Optional[int] = 1, blend: float = 0.0,
                  features: str = ENCODER_FEATURES, extra_features: Optional[dict[str, str]] = None,
-                 feature_max_tokens: int = 128):
+                 feature_max_tokens: int = 128, encoder_lr: Optional[float] = None):
         super().__init__()
         head = dict(head or {})
         unknown = sorted(set(head) - set(HEAD_KEYS))
@@ -186,6 +196,15 @@ class TeoClosureHeadModule(SeqawareModule):
             if bad or not str(value):
                 raise ValueError(f"{where}={value!r}: unknown feature set(s) {bad}; known: {known} "
                                  "(model.extra_features adds more), joined with '+'")
+        if encoder_lr is not None:
+            if not float(encoder_lr) > 0:
+                raise ValueError(f"model.encoder_lr must be a positive learning rate or null (frozen), got {encoder_lr!r}")
+            reads = [("model.features", features)] + [(f"model.cv_grid[{i}].features", s["features"])
+                                                       for i, s in enumerate(grid) if "features" in s]
+            other = [f"{where}={value!r}" for where, value in reads if str(value) != ENCODER_FEATURES]
+            if other:
+                raise ValueError(f"model.encoder_lr={encoder_lr} fine-tunes the module's encoder, so the heads read "
+                                 f"features '{ENCODER_FEATURES}' alone; got {', '.join(other)}")
         if cv_metric not in CV_METRICS:
             raise ValueError(f"model.cv_metric must be one of {list(CV_METRICS)}, got {cv_metric!r}")
         initial = initial_threshold(threshold, "cv")
@@ -194,12 +213,18 @@ class TeoClosureHeadModule(SeqawareModule):
                                    "threshold": threshold, "rfg_weight": rfg_weight, "blend": float(blend),
                                    "logistic_baseline": logistic_baseline, "baseline_C": baseline_C, "cv_file": cv_file,
                                    "head_threads": head_threads, "features": str(features),
-                                   "extra_features": extra_features, "feature_max_tokens": int(feature_max_tokens)})
+                                   "extra_features": extra_features, "feature_max_tokens": int(feature_max_tokens),
+                                   "encoder_lr": None if encoder_lr is None else float(encoder_lr)})
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         if self.encoder.modality != "text":
             raise ValueError("the closure head embeds step texts: use a text encoder (model.encoder: text)")
-        for p in self.encoder.parameters():
-            p.requires_grad_(False)
+        self.finetune = encoder_lr is not None
+        # fine-tuning: the pretrained weights stay, frozen and out of the module tree (not in checkpoints; rebuilt
+        # from the config), for the baseline's features and as the start of every cross-validation fit
+        self._pretrained: list[SequenceEncoder] = []      # a list: an attribute would register the copy
+        if self.finetune:
+            self._pretrained.append(copy.deepcopy(self.encoder).eval().requires_grad_(False))
+        self.encoder.requires_grad_(self.finetune)
         # frozen and rebuilt from the config: kept out of the module tree, so checkpoints do not hold them
         self._extra: dict[str, tuple[TextEncoder, Any]] = {}
         for name, weights in extra_features.items():
@@ -233,10 +258,18 @@ class TeoClosureHeadModule(SeqawareModule):
                                **{k: v for k, v in setting.items() if k in HEAD_KEYS})
 
     def frozen_modules(self) -> list[nn.Module]:
-        return list(self.encoder.modules())
+        return [] if self.finetune else list(self.encoder.modules())
 
     def param_groups(self) -> list[dict]:
-        return [{"params": list(self.ensemble.parameters())}]
+        groups = [{"params": list(self.ensemble.parameters())}]
+        if self.finetune:
+            groups.append({"params": list(self.encoder.parameters()), "lr": self.hparams.encoder_lr})
+        return groups
+
+    def _frozen_encoder(self) -> SequenceEncoder:
+        """What the cached ``encoder`` features come from: the pretrained weights (a frozen copy while the
+        module's own encoder fine-tunes)."""
+        return self._pretrained[0].to(self.device) if self._pretrained else self.encoder
 
     # ------------------------------------------------------------ step embeddings
     @torch.no_grad()
@@ -252,7 +285,7 @@ class TeoClosureHeadModule(SeqawareModule):
             if name == ENCODER_FEATURES:  # the data module's tokens
                 offsets = [0, *torch.cumsum(batch["num_steps"], 0).tolist()]
                 rows = torch.cat([torch.arange(offsets[k], offsets[k + 1]) for k in missing])
-                pooled = mean_pooled(self.encoder, batch["input_ids"][rows].to(self.device),
+                pooled = mean_pooled(self._frozen_encoder(), batch["input_ids"][rows].to(self.device),
                                      batch["attention_mask"][rows].to(self.device))
             else:
                 encoder, tokenizer = self._extra[name]
@@ -281,9 +314,20 @@ class TeoClosureHeadModule(SeqawareModule):
                 embeddings[f] += self.embed(batch, f)
         return items, embeddings
 
+    def tuned_embeddings(self, encoder: SequenceEncoder, batch: dict) -> list[torch.Tensor]:
+        """(n_k, H) per plan of ``batch``: ``encoder``'s mean-pooled step embeddings, with gradients when they
+        are enabled (the fine-tuned encoder's features; no cache, the weights change every step)."""
+        pooled = mean_pooled(encoder, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
+        return list(pooled.split(batch["num_steps"].tolist()))
+
+    def head_features(self, batch: dict) -> list[torch.Tensor]:
+        """The features the heads read: the fine-tuned encoder's, else the cached frozen sets of the setting."""
+        return self.tuned_embeddings(self.encoder, batch) if self.finetune else self.embed(batch)
+
     # ------------------------------------------------------------ training
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        data = plan_tensors(self.embed(batch), batch["meta"], float(self.setting["rfg_weight"]), self.ensemble.lexical)
+        data = plan_tensors(self.head_features(batch), batch["meta"], float(self.setting["rfg_weight"]),
+                            self.ensemble.lexical)
         loss = self.ensemble.loss(data)
         self.log("train/loss", loss, prog_bar=True, batch_size=max(int(data["target"].numel()), 1))
         return loss
@@ -310,6 +354,36 @@ class TeoClosureHeadModule(SeqawareModule):
         data = plan_tensors(embeddings, plans, lexical=ensemble.lexical)
         probs = ensemble(data["steps"], data["mask"], data["num_steps"], data.get("lexical"))
         return probs[data["plan"], data["a"], data["b"]].cpu().numpy()
+
+    def _fit_tuned(self, setting: dict[str, Any], plans: list[dict], steps: int,
+                   seed: int) -> tuple[ClosureEnsemble, SequenceEncoder]:
+        """:meth:`_fit_heads` with the encoder fine-tuned from the pretrained weights (a fresh copy): all
+        ``plans`` in one batch, re-encoded at every step; the heads at ``model.optimizer``'s lr, the encoder at
+        ``encoder_lr``.  Returns the heads and the encoder, both in eval mode."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            ensemble = self._build(setting).to(self.device)
+            encoder = copy.deepcopy(self._frozen_encoder()).requires_grad_(True).train()
+            opt_cfg = dict(self.hparams.optimizer)
+            optimizer = get_class(opt_cfg.pop("_target_"))(
+                [{"params": list(ensemble.parameters())},
+                 {"params": list(encoder.parameters()), "lr": self.hparams.encoder_lr}], **opt_cfg)
+            batch = self.trainer.datamodule.collator(plans)
+            ensemble.train()
+            for _ in range(steps):
+                optimizer.zero_grad()
+                data = plan_tensors(self.tuned_embeddings(encoder, batch), plans, float(setting["rfg_weight"]),
+                                    ensemble.lexical)
+                ensemble.loss(data).backward()
+                optimizer.step()
+        return ensemble.eval(), encoder.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def _tuned_features(self, encoder: SequenceEncoder, plans: list[dict]) -> list[torch.Tensor]:
+        """A fine-tuned encoder's step features of ``plans`` (batches of 32 plans)."""
+        collate = self.trainer.datamodule.collator
+        return [e for start in range(0, len(plans), 32)
+                for e in self.tuned_embeddings(encoder, collate(plans[start:start + 32]))]
 
     def setup(self, stage: str) -> None:
         """Before ``fit`` builds the optimiser: the baseline, and the cross-validation that sets the heads
@@ -376,7 +450,10 @@ class TeoClosureHeadModule(SeqawareModule):
                 heads: dict[str, np.ndarray] = {}  # settings that differ only in blend share their heads
                 for s, setting in enumerate(settings):
                     key = repr(sorted((k, v) for k, v in setting.items() if k != "blend"))
-                    if key not in heads:
+                    if key not in heads and self.finetune:
+                        ensemble, encoder = self._fit_tuned(setting, tr_plans, steps, seed + 1000 * r + 10 * fold + s)
+                        heads[key] = self._predict(ensemble, held_plans, self._tuned_features(encoder, held_plans))
+                    elif key not in heads:
                         fit_emb, test_emb = own[setting["features"]]
                         ensemble = self._fit_heads(setting, tr_plans, fit_emb, steps, seed + 1000 * r + 10 * fold + s)
                         heads[key] = self._predict(ensemble, held_plans, test_emb)
@@ -447,7 +524,7 @@ class TeoClosureHeadModule(SeqawareModule):
 
     @torch.no_grad()
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        data = plan_tensors(self.embed(batch), batch["meta"], lexical=self.ensemble.lexical)
+        data = plan_tensors(self.head_features(batch), batch["meta"], lexical=self.ensemble.lexical)
         probs = self.ensemble(data["steps"], data["mask"], data["num_steps"], data.get("lexical"))
         lr_features = self.embed(batch, self.hparams.features) if self.baseline is not None else None
         for k, item in enumerate(batch["meta"]):
