@@ -317,7 +317,8 @@ class TeoClosureHeadModule(SeqawareModule):
     def tuned_embeddings(self, encoder: SequenceEncoder, batch: dict) -> list[torch.Tensor]:
         """(n_k, H) per plan of ``batch``: ``encoder``'s mean-pooled step embeddings, with gradients when they
         are enabled (the fine-tuned encoder's features; no cache, the weights change every step)."""
-        pooled = mean_pooled(encoder, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
+        device = next(encoder.parameters()).device
+        pooled = mean_pooled(encoder, batch["input_ids"].to(device), batch["attention_mask"].to(device))
         return list(pooled.split(batch["num_steps"].tolist()))
 
     def head_features(self, batch: dict) -> list[torch.Tensor]:
@@ -359,11 +360,14 @@ class TeoClosureHeadModule(SeqawareModule):
                    seed: int) -> tuple[ClosureEnsemble, SequenceEncoder]:
         """:meth:`_fit_heads` with the encoder fine-tuned from the pretrained weights (a fresh copy): all
         ``plans`` in one batch, re-encoded at every step; the heads at ``model.optimizer``'s lr, the encoder at
-        ``encoder_lr``.  Returns the heads and the encoder, both in eval mode."""
+        ``encoder_lr``.  It runs in ``setup``, before Lightning moves the module to its device, so the copies
+        go to the trainer's device themselves, and the forward passes run under the trainer's precision
+        (autocast for bf16-mixed).  Returns the heads and the encoder, both in eval mode."""
+        device = self.trainer.strategy.root_device
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            ensemble = self._build(setting).to(self.device)
-            encoder = copy.deepcopy(self._frozen_encoder()).requires_grad_(True).train()
+            ensemble = self._build(setting).to(device)
+            encoder = copy.deepcopy(self._pretrained[0]).to(device).requires_grad_(True).train()
             opt_cfg = dict(self.hparams.optimizer)
             optimizer = get_class(opt_cfg.pop("_target_"))(
                 [{"params": list(ensemble.parameters())},
@@ -372,9 +376,11 @@ class TeoClosureHeadModule(SeqawareModule):
             ensemble.train()
             for _ in range(steps):
                 optimizer.zero_grad()
-                data = plan_tensors(self.tuned_embeddings(encoder, batch), plans, float(setting["rfg_weight"]),
-                                    ensemble.lexical)
-                ensemble.loss(data).backward()
+                with self.trainer.precision_plugin.forward_context():
+                    data = plan_tensors(self.tuned_embeddings(encoder, batch), plans, float(setting["rfg_weight"]),
+                                        ensemble.lexical)
+                    loss = ensemble.loss(data)
+                loss.backward()
                 optimizer.step()
         return ensemble.eval(), encoder.eval().requires_grad_(False)
 
@@ -382,8 +388,9 @@ class TeoClosureHeadModule(SeqawareModule):
     def _tuned_features(self, encoder: SequenceEncoder, plans: list[dict]) -> list[torch.Tensor]:
         """A fine-tuned encoder's step features of ``plans`` (batches of 32 plans)."""
         collate = self.trainer.datamodule.collator
-        return [e for start in range(0, len(plans), 32)
-                for e in self.tuned_embeddings(encoder, collate(plans[start:start + 32]))]
+        with self.trainer.precision_plugin.forward_context():
+            return [e for start in range(0, len(plans), 32)
+                    for e in self.tuned_embeddings(encoder, collate(plans[start:start + 32]))]
 
     def setup(self, stage: str) -> None:
         """Before ``fit`` builds the optimiser: the baseline, and the cross-validation that sets the heads
