@@ -10,9 +10,8 @@
     PYTHONPATH=/tmp/site python3 scripts/gpu_roc.py run --parts /tmp/sa/mpnet --data /tmp/sa/roc \
         --work /tmp/sa/work --report $OUT --budget 480
 
-    # the first call, with part 0 and the data only: seconds per roc_base step, eager against compiled
-    PYTHONPATH=/tmp/site python3 scripts/gpu_roc.py time-steps --parts /tmp/sa/mpnet --data /tmp/sa/roc \
-        --work /tmp/sa/work --report $OUT --choice /tmp/sa/choice.json      # then run ... --step-choice it
+    # first, with part 0 and the data only (then run ... --step-choice CHOICE):
+    python3 scripts/gpu_roc.py time-steps --parts PARTS --data DATA --work WORK --report $OUT --choice CHOICE
 
 ``run`` unpacks the weights (:func:`weight_parts.unpack`: every missing or corrupt part named) and the two tsv
 files (each checked against its SHA-256), then trains and tests the rows of scripts/berson_heads.py (its
@@ -324,13 +323,20 @@ def write_report(report: dict[str, Any], out: Path, runs_dir: Path) -> str:
         json.dump(report, handle, indent=1, default=str)
     with atomic_open(out / "gpu_roc.md", "w") as handle:
         handle.write(text)
-    tails = []
-    for log in sorted(runs_dir.glob("*/seed*.log")):
-        lines = log.read_text(errors="replace").splitlines()
-        tails.append(f"==> {log.relative_to(runs_dir)} (last 40 of {len(lines)} lines)\n" + "\n".join(lines[-40:]))
-    with atomic_open(out / "gpu_roc_logs.txt", "w") as handle:
-        handle.write("\n\n".join(tails) + "\n")
+    write_log_tails(out / "gpu_roc_logs.txt", sorted(runs_dir.glob("*/seed*.log")), runs_dir, 40)
     return text
+
+
+def write_log_tails(dest: Path, logs: Sequence[Path], root: Path, lines: int) -> None:
+    """``dest``: the last ``lines`` lines of each of ``logs`` (named relative to ``root``; a missing one as empty)."""
+    from seqaware.io import atomic_open
+
+    tails = []
+    for log in logs:
+        text = log.read_text(errors="replace").splitlines() if log.is_file() else []
+        tails.append(f"==> {log.relative_to(root)} (last {lines} of {len(text)} lines)\n" + "\n".join(text[-lines:]))
+    with atomic_open(dest, "w") as handle:
+        handle.write("\n\n".join(tails) + "\n")
 
 
 # ---------------------------------------------------------------- run
@@ -510,11 +516,8 @@ def write_step_report(report: dict[str, Any], args: argparse.Namespace) -> str:
         handle.write(text)
     with atomic_open(args.report / "gpu_roc_steps.json", "w") as handle:
         json.dump(report, handle, indent=1)
-    with atomic_open(args.report / "gpu_roc_steps_logs.txt", "w") as handle:
-        for variant in results:
-            log = args.work / "steps" / f"{variant}.log"
-            lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-            handle.write(f"==> {variant}.log (last 60 of {len(lines)} lines)\n" + "\n".join(lines[-60:]) + "\n\n")
+    write_log_tails(args.report / "gpu_roc_steps_logs.txt", [args.work / "steps" / f"{v}.log" for v in results],
+                    args.work / "steps", 60)
     if timed:
         with atomic_open(args.choice, "w") as handle:
             json.dump({"variant": report["choice"], **timed[report["choice"]]}, handle, indent=1)

@@ -333,6 +333,11 @@ class TeoClosureHeadModule(SeqawareModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=max(int(data["target"].numel()), 1))
         return loss
 
+    def _optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
+        """``model.optimizer`` over ``groups``: what a cross-validation fit trains with, as the fit does."""
+        opt_cfg = dict(self.hparams.optimizer)
+        return get_class(opt_cfg.pop("_target_"))(groups, **opt_cfg)
+
     def _fit_heads(self, setting: dict[str, Any], plans: list[dict], embeddings: list[torch.Tensor], steps: int,
                    seed: int) -> ClosureEnsemble:
         """Train a fresh ensemble of ``setting`` on ``plans`` as the fit trains the final one: all plans
@@ -340,8 +345,7 @@ class TeoClosureHeadModule(SeqawareModule):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             ensemble = self._build(setting).to(self.device)
-            opt_cfg = dict(self.hparams.optimizer)
-            optimizer = get_class(opt_cfg.pop("_target_"))(ensemble.parameters(), **opt_cfg)
+            optimizer = self._optimizer([{"params": list(ensemble.parameters())}])
             data = plan_tensors(embeddings, plans, float(setting["rfg_weight"]), ensemble.lexical)
             ensemble.train()
             for _ in range(steps):
@@ -368,10 +372,8 @@ class TeoClosureHeadModule(SeqawareModule):
             torch.manual_seed(seed)
             ensemble = self._build(setting).to(device)
             encoder = copy.deepcopy(self._pretrained[0]).to(device).requires_grad_(True).train()
-            opt_cfg = dict(self.hparams.optimizer)
-            optimizer = get_class(opt_cfg.pop("_target_"))(
-                [{"params": list(ensemble.parameters())},
-                 {"params": list(encoder.parameters()), "lr": self.hparams.encoder_lr}], **opt_cfg)
+            optimizer = self._optimizer([{"params": list(ensemble.parameters())},
+                                         {"params": list(encoder.parameters()), "lr": self.hparams.encoder_lr}])
             batch = self.trainer.datamodule.collator(plans)
             ensemble.train()
             for _ in range(steps):
@@ -457,12 +459,14 @@ class TeoClosureHeadModule(SeqawareModule):
                 heads: dict[str, np.ndarray] = {}  # settings that differ only in blend share their heads
                 for s, setting in enumerate(settings):
                     key = repr(sorted((k, v) for k, v in setting.items() if k != "blend"))
-                    if key not in heads and self.finetune:
-                        ensemble, encoder = self._fit_tuned(setting, tr_plans, steps, seed + 1000 * r + 10 * fold + s)
-                        heads[key] = self._predict(ensemble, held_plans, self._tuned_features(encoder, held_plans))
-                    elif key not in heads:
-                        fit_emb, test_emb = own[setting["features"]]
-                        ensemble = self._fit_heads(setting, tr_plans, fit_emb, steps, seed + 1000 * r + 10 * fold + s)
+                    if key not in heads:
+                        fit_seed = seed + 1000 * r + 10 * fold + s
+                        if self.finetune:
+                            ensemble, encoder = self._fit_tuned(setting, tr_plans, steps, fit_seed)
+                            test_emb = self._tuned_features(encoder, held_plans)
+                        else:
+                            fit_emb, test_emb = own[setting["features"]]
+                            ensemble = self._fit_heads(setting, tr_plans, fit_emb, steps, fit_seed)
                         heads[key] = self._predict(ensemble, held_plans, test_emb)
                     per_fold[names[s]].append((gold, blend_probs(heads[key], lr_probs, float(setting.get("blend", 0.0)))))
             for name in names:
