@@ -63,7 +63,7 @@ def test_pretraining_defaults_that_let_the_swap_objectives_learn_and_the_paper_p
         assert list(cfg.model.objectives.always) == ["mlm", "smrm"]
     for experiment in ("clipvil_pretrain", "visualbert_pretrain", "clip_image_pretrain", "roberta_pretrain"):
         paper = compose_train(f"experiment={experiment}", "hparams=wu2022")
-        # the authors' scripts: --min_story_length 5 --max_story_length 5 (whole stories, not 2-5 steps)
+        # the authors' scripts: --max_story_length 5, --min_story_length at its default 5 (whole stories, not 2-5 steps)
         assert paper.data.view.min_steps == paper.data.view.max_steps == 5
     assert list(paper.model.objectives.always) == ["mlm"]
     assert "min_steps" not in compose_train("experiment=berson_finetune", "hparams=wu2022").data.view
