@@ -550,16 +550,31 @@ def test_rows_from_the_projects_own_metric_reports(tmp_path):
 
 
 def test_iso_published_rows_say_which_rule_for_unparsable_replies_they_fit():
-    """App. H excludes unparsable replies; four printed rows can only come from counting them wrong: their
-    NONDEP recall is below what their DEP P, DEP R and NONDEP P imply under exclusion."""
+    """App. H excludes unparsable replies; three printed rows can only come from counting them wrong: their
+    NONDEP recall is below what their DEP P, DEP R and NONDEP P imply under exclusion. A fourth, PaliGemma2 A,
+    misses exclusion only through its NONDEP P, a cell flagged as misprinted (README, iso_coherence.md)."""
+    from seqaware.metrics.iso import unparsable_consistency
+
     text = pt.main(["--published", str(pt.DEFAULT_PUBLISHED)])
     notes = {line.split(":", 1)[0]: line for line in text.splitlines() if line.startswith("- ")}
     only_wrong = notes["- only with counting them wrong (unparsable=wrong)"]
-    for name in ("Qwen2.5-VL E->A", "Llama-3.2 E->A", "Sonnet A", "PaliGemma2 A"):
+    for name in ("Qwen2.5-VL E->A", "Llama-3.2 E->A", "Sonnet A", "PaliGemma2 A"):   # as printed
         assert name in only_wrong
     assert only_wrong.count("R NONDEP") == 4 and "Qwen2.5-VL E->A (R NONDEP 0.26; excluding them implies 0.70-0.72)" in only_wrong
     excluded = notes["- consistent with excluding them (App. H)"]
     assert "4o A" in excluded and "Qwen2.5-VL A" in excluded and "Sonnet E->A" in excluded and "Sonnet A" not in excluded
+    # the rows that fit only counting them wrong on figures no flag doubts: exactly three
+    read = ("dep.p", "dep.r", "nondep.p", "nondep.r")
+    rows = table("iso_bench", "Table 1")
+    misfit = [r for r in rows if not unparsable_consistency(r["dep"], r["nondep"])["exclude"]]
+    doubted = {(r["model"], r["setting"]) for r in misfit if any(f.split()[0] in read for f in r.get("flags", []))}
+    assert [(r["model"], r["setting"]) for r in misfit] == [
+        ("Qwen2.5-VL", "E->A"), ("PaliGemma2", "A"), ("Llama-3.2", "E->A"), ("Sonnet", "A")]
+    assert doubted == {("PaliGemma2", "A")} and len(misfit) - len(doubted) == 3
+    # PaliGemma2 A with the NONDEP P its flag proposes (0.51, fitting its F1 and macro P) fits exclusion
+    pali = row("iso_bench", "Table 1", model="PaliGemma2", setting="A")
+    assert any(f.startswith("nondep.p 0.57") and "nondep.p = 0.51 would fit both" in f for f in pali["flags"])
+    assert unparsable_consistency(pali["dep"], {**pali["nondep"], "p": 0.51})["exclude"]
 
 
 # ---------------------------------------------------------------- CaT-Bench
