@@ -453,8 +453,10 @@ def test_the_paper_recipe_is_the_release_and_composes_with_mpnet_joint_and_extra
     assert (m.decoding, m.beam_size, m.pair_encoding) == ("beam", 16, "pairwise")
     assert (d.batch_size, d.reshuffle_train, d.collator.max_tokens) == (4, False, 37)
     assert (t.max_epochs, t.gradient_clip_val) == (2, 1.0)
+    assert t.precision == "32-true"            # run.sh passes no --fp16: the release trains in fp32
     cfg = compose_train("experiment=berson_roc", "hparams=berson_roc_paper", "backbones=base", "model.pair_encoding=joint",
-                        "data.extra_train_paths=[extra.tsv]", tiny=False)
+                        "data.extra_train_paths=[extra.tsv]", "trainer=gpu", tiny=False)
+    assert cfg.trainer.precision == "32-true"  # trainer=gpu's bf16-mixed does not override the preset
     assert cfg.model.encoder.name_or_path == "offline:mpnet" and cfg.data.tokenizer == "offline:mpnet"
     assert cfg.model.pair_encoding == "joint" and list(cfg.data.extra_train_paths) == ["extra.tsv"]
     assert cfg.model.decoder.variant == "paper" and cfg.data.batch_size == 4
