@@ -13,6 +13,12 @@ their new places) and before any image objective.
 
 Targets: ``sop_labels (B,)`` long (1 = swapped) and ``sop_steps (B, 2)``: the two step indices that
 traded places, in their original order (-1 where nothing was swapped).
+
+The label is not 1 with probability ``delta``: a sequence with fewer than two steps that have text is
+never swapped (label 0), whatever the draw.  So ``P(label = 1) = delta x`` the share of sequences with
+at least two text steps, and the chance level (the better constant answer, ``max(p, 1 - p)``, logged
+from each split's own share of swapped sequences) is not ``max(delta, 1 - delta)`` wherever some
+sequences have fewer: at ``delta = 0.5`` it is above 0.5.
 """
 from __future__ import annotations
 
@@ -40,8 +46,9 @@ def text_segments(attention_mask: torch.Tensor, text_step: torch.Tensor) -> tupl
 
 @register_objective
 class StepOrderPrediction(SwapClassificationObjective):
-    """SOP (see the module docstring): ``delta`` the probability of a swap per sequence; the head is
-    ``Linear(H, 2)`` on [CLS] or, with ``head_hidden``, a 2-layer MLP."""
+    """SOP (see the module docstring): ``delta`` the probability of a swap per sequence with at least two
+    text steps (the others are never swapped, so the swapped share is ``delta`` x their share); the head
+    is ``Linear(H, 2)`` on [CLS] or, with ``head_hidden``, a 2-layer MLP."""
 
     name = "sop"
     modalities = frozenset({"text"})
