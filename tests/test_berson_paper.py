@@ -282,6 +282,33 @@ def test_greedy_and_beam_agree_with_teacher_forcing_in_the_paper_variant():
     assert [sorted(o) for o in d.beam_search(state, width=16)] == [[0, 1, 2, 3, 4], [0, 1, 2]]
 
 
+def _trained_size(decoder: BersonDecoder, seed: int = 0) -> BersonDecoder:
+    """Every weight of ``decoder`` from N(0, 1): a fresh head's (BERT's N(0, 0.02) in the paper variant) are so
+    small that the pointer's inputs cannot change a pick; a trained head's can."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in decoder.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return decoder
+
+
+@pytest.mark.parametrize("make", [paper, ours], ids=["paper", "ours"])
+def test_each_greedy_pick_is_the_teacher_forced_argmax_on_a_head_of_trained_size(make):
+    """Greedy decoding feeds the pointer what teacher forcing feeds it after each pick (the step vector in the
+    paper variant, the paragraph state in ours): every greedy pick is the argmax of the teacher-forced
+    distribution given the picks before it, and beam search of width 1 is greedy decoding."""
+    d = _trained_size(make())
+    mask = torch.tensor([[1] * 7, [1] * 6 + [0], [1] * 5 + [0] * 2, [1] * 7, [1] * 4 + [0] * 3, [1] * 6 + [0]]).bool()
+    state = random_state(d, mask, seed=3)
+    orders = d.greedy(state)
+    assert [sorted(o) for o in orders] == [list(range(int(k))) for k in mask.sum(1)]
+    gold = torch.tensor([o + [-1] * (mask.shape[1] - len(o)) for o in orders])
+    with torch.no_grad():
+        logp = d.pointer_log_probs(state, gold)
+    assert [[int(logp[b, t].argmax()) for t in range(len(o))] for b, o in enumerate(orders)] == orders
+    assert d.beam_search(state, width=1) == orders
+
+
 # ---------------------------------------------------------------------------------------------- loss
 def test_pointer_loss_is_divided_by_n_minus_one_per_instance_then_averaged():
     d = paper()
