@@ -265,8 +265,12 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
     it tracked are copied into this run's checkpoint folders (a moved folder already holds them),
     the callback states rewritten to point at them, and the result written as this run's
     ``checkpoints/last.ckpt`` (resumed from, and found again by :func:`prepare` if this run is
-    interrupted in turn). A tracked checkpoint found in neither place is named in a warning.
-    Returns the path to resume from.
+    interrupted in turn). A tracked checkpoint is looked for where its run left it, then beside
+    ``ckpt_path`` (the source folder was moved, renamed or copied from another machine: its files
+    are where ``ckpt_path`` is now). One found in neither place (nor already in the new folder) is
+    named in a warning and dropped from the tracking: the best is then the best of what is left,
+    and of what this run saves, so the test never falls back to the current weights because the
+    best names a file that is gone. Returns the path to resume from.
     """
     import torch
 
@@ -288,7 +292,8 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
         mapping = {}
         missing = []
         for path in _checkpoint_paths(state):
-            src = Path(path)
+            # where the run left it, else beside ckpt_path (the source folder moved or was copied elsewhere)
+            src = next((c for c in (Path(path), Path(ckpt_path).parent / Path(path).name) if c.is_file()), Path(path))
             dst = new_dir / src.name
             # the resumed file is written below as last.ckpt; tracked under another name (ckpt_path=<its best
             # checkpoint>) it is copied like the others, so the best it names is there to test
@@ -300,9 +305,10 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
             mapping[path] = str(dst)
         if missing:
             log.warning("%s: the checkpoint(s) %s that %s tracked (best_model_path, best_k_models) are neither where "
-                        "the run left them nor in %s: 'best' now ranks only what this run saves from here on, and "
-                        "the test may use a later checkpoint. Copy them into %s to keep them",
-                        ckpt_path, missing, key, new_dir, new_dir)
+                        "the run left them, nor beside it, nor in %s: 'best' now ranks only what is left and what "
+                        "this run saves from here on, and the test may use a later checkpoint. Copy them into %s "
+                        "to keep them", ckpt_path, missing, key, new_dir, new_dir)
+            _forget(state, missing, getattr(cb, "mode", None))
         for name in ("best_model_path", "kth_best_model_path", "last_model_path"):
             if state.get(name):
                 state[name] = mapping.get(state[name], state[name])
@@ -317,6 +323,29 @@ def rehome_checkpoint(ckpt_path: str | os.PathLike, callbacks: list, run_dir: st
         torch.save(checkpoint, fh)
     log.info("resuming %s in %s with its best-checkpoint tracking (copied into %s)", ckpt_path, run_dir, target.parent)
     return str(target)
+
+
+def _forget(state: dict, missing: list[str], mode: str | None) -> None:
+    """Drop the checkpoints ``missing`` from a ``ModelCheckpoint`` state: out of ``best_k_models``, and the best
+    and k-th best recomputed from what is left (``mode``: ``min`` / ``max``; None: read from the recorded best
+    score), or emptied when nothing is left, so the resumed callback saves the next checkpoint it scores."""
+    gone = set(missing)
+    scores = {k: v for k, v in (state.get("best_k_models") or {}).items() if k not in gone}
+    if "best_k_models" in state:
+        state["best_k_models"] = scores
+    if mode not in ("min", "max"):
+        best_score = state.get("best_model_score")
+        mode = "max" if best_score is None or all(float(best_score) >= float(v) for v in scores.values()) else "min"
+    better, worse = (max, min) if mode == "max" else (min, max)
+    if state.get("best_model_path") in gone:
+        state["best_model_path"] = better(scores, key=lambda k: float(scores[k])) if scores else ""
+        state["best_model_score"] = scores[state["best_model_path"]] if scores else None
+    if state.get("kth_best_model_path") in gone:
+        state["kth_best_model_path"] = worse(scores, key=lambda k: float(scores[k])) if scores else ""
+        if scores:
+            state["kth_value"] = scores[state["kth_best_model_path"]]
+    if state.get("last_model_path") in gone:
+        state["last_model_path"] = ""
 
 
 def checkpoint_to_test(ckpt_path: str | os.PathLike, callbacks: list) -> tuple[str, str]:

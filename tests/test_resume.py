@@ -341,6 +341,25 @@ def test_resume_from_another_folder_keeps_best_checkpoint_tracking(compose_train
     assert (tmp_path / "a" / "checkpoints" / "best_epoch_000.ckpt").is_file()  # the source run is left as it was
 
 
+@pytest.mark.slow  # two short fits: about 10 s
+def test_a_new_folder_from_a_moved_runs_last_checkpoint_tests_that_runs_best(compose_train, tmp_path):
+    """ckpt_path=<a run folder moved or copied from another machine>/checkpoints/last.ckpt, a new run folder: its
+    state names the best checkpoint where the run left it (gone); the one beside ckpt_path is copied in and tested
+    (lr=0: epoch 1 ties and does not replace it), not the current weights."""
+    import shutil
+
+    frozen = ["model.optimizer.lr=0.0", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+              "trainer.limit_test_batches=1"]
+    train.run(_short(compose_train, *frozen, "trainer.max_epochs=1", f"paths.output_dir={tmp_path / 'a'}"))
+    shutil.move(tmp_path / "a", tmp_path / "copied")
+    train.run(_short(compose_train, *frozen, f"ckpt_path={tmp_path / 'copied' / 'checkpoints' / 'last.ckpt'}",
+                     f"paths.output_dir={tmp_path / 'b'}"))
+    state = runs.read_state(tmp_path / "b")
+    assert state["status"] == "finished"
+    assert state["tested_checkpoint"] == str(tmp_path / "b" / "checkpoints" / "best_epoch_000.ckpt")
+    assert read_test_metrics(tmp_path / "b") == read_test_metrics(tmp_path / "copied")
+
+
 def test_a_new_folder_from_another_runs_checkpoint_tests_that_runs_best_and_says_so(compose_train, tmp_path, caplog):
     """ckpt_path= into a new run folder, without training (train=false, ckpt_path=<run>/last.ckpt) and with it
     (ckpt_path=<run>/<its best checkpoint>): both test the best checkpoint, and the log names it."""

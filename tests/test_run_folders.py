@@ -402,11 +402,59 @@ def test_a_tracked_checkpoint_found_nowhere_is_named(tmp_path, caplog):
     lost = str(tmp_path / "a" / "checkpoints" / "best_epoch_001.ckpt")
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"{source}: the checkpoint(s) {[lost]} that {KEY} tracked (best_model_path, best_k_models) are neither where "
-        f"the run left them nor in {new_ck}: 'best' now ranks only what this run saves from here on, and the test may "
-        f"use a later checkpoint. Copy them into {new_ck} to keep them"]
+        f"the run left them, nor beside it, nor in {new_ck}: 'best' now ranks only what is left and what this run "
+        f"saves from here on, and the test may use a later checkpoint. Copy them into {new_ck} to keep them"]
     assert (new_ck / "best_epoch_000.ckpt").read_bytes() == b"already here"
     state = torch.load(new_ck / "last.ckpt", weights_only=True)["callbacks"][KEY]
-    assert str(new_ck / "best_epoch_001.ckpt") in state["best_k_models"]
+    assert {k: float(v) for k, v in state["best_k_models"].items()} == pytest.approx(   # the lost one is not ranked
+        {str(new_ck / "best_epoch_002.ckpt"): 0.9, str(new_ck / "best_epoch_000.ckpt"): 0.5})
+    assert state["best_model_path"] == str(new_ck / "best_epoch_002.ckpt")
+
+
+@pytest.mark.parametrize("mode", ["max", None])   # None: a callback without a mode; read from the recorded scores
+def test_a_lost_best_checkpoint_leaves_the_best_of_what_is_left(tmp_path, caplog, mode):
+    """The tracked best is gone everywhere: the state names the best file that is left (val/acc 0.7), so the
+    resumed run tests a file that exists, never the current weights for want of one; the k-th best stays."""
+    source, _ = _tracked_run(tmp_path / "a", missing=("best_epoch_002.ckpt",))
+    new_ck = tmp_path / "b" / "checkpoints"
+    with caplog.at_level(logging.WARNING, logger="seqaware.runs"):
+        runs.rehome_checkpoint(source, [SimpleNamespace(state_key=KEY, dirpath=str(new_ck), mode=mode)], tmp_path / "b")
+    assert len(caplog.records) == 1 and "best_epoch_002.ckpt" in caplog.records[0].getMessage()
+    state = torch.load(new_ck / "last.ckpt", weights_only=True)["callbacks"][KEY]
+    assert state["best_model_path"] == str(new_ck / "best_epoch_001.ckpt")
+    assert float(state["best_model_score"]) == pytest.approx(0.7)
+    assert state["kth_best_model_path"] == str(new_ck / "best_epoch_000.ckpt") and float(state["kth_value"]) == 0.5
+    assert sorted(state["best_k_models"]) == [str(new_ck / "best_epoch_000.ckpt"), str(new_ck / "best_epoch_001.ckpt")]
+
+
+def test_a_state_whose_every_tracked_checkpoint_is_lost_tracks_nothing(tmp_path):
+    """Nothing left to rank: the resumed callback saves the next checkpoint it scores, as a fresh one would."""
+    source, _ = _tracked_run(tmp_path / "a", missing=("best_epoch_002.ckpt", "best_epoch_001.ckpt", "best_epoch_000.ckpt"),
+                             save_last=False)
+    new_ck = tmp_path / "b" / "checkpoints"
+    runs.rehome_checkpoint(source, [SimpleNamespace(state_key=KEY, dirpath=str(new_ck), mode="max")], tmp_path / "b")
+    state = torch.load(new_ck / "last.ckpt", weights_only=True)["callbacks"][KEY]
+    assert (state["best_model_path"], state["best_model_score"], state["kth_best_model_path"], state["best_k_models"]) == (
+        "", None, "", {})
+
+
+def test_a_source_folder_moved_or_copied_elsewhere_gives_its_checkpoints_from_beside_ckpt_path(tmp_path, caplog):
+    """ckpt_path=<a folder copied from another machine, or moved>/checkpoints/last.ckpt: its state names the
+    files where the run left them, which no longer exist; they are beside ckpt_path, and are copied from there."""
+    _tracked_run(tmp_path / "a")
+    (tmp_path / "a").rename(tmp_path / "copied")
+    source = tmp_path / "copied" / "checkpoints" / "last.ckpt"
+    new_ck = tmp_path / "b" / "checkpoints"
+    with caplog.at_level(logging.WARNING, logger="seqaware.runs"):
+        resumed = runs.rehome_checkpoint(source, [SimpleNamespace(state_key=KEY, dirpath=str(new_ck))], tmp_path / "b")
+    assert not caplog.records
+    assert sorted(p.name for p in new_ck.iterdir()) == ["best_epoch_000.ckpt", "best_epoch_001.ckpt",
+                                                        "best_epoch_002.ckpt", "last.ckpt"]
+    assert (new_ck / "best_epoch_002.ckpt").read_bytes() == b"best_epoch_002.ckpt"
+    state = torch.load(resumed, weights_only=True)["callbacks"][KEY]
+    assert state["best_model_path"] == str(new_ck / "best_epoch_002.ckpt")
+    assert float(state["best_model_score"]) == pytest.approx(0.9)
+    assert state["last_model_path"] == str(new_ck / "last.ckpt")
 
 
 def test_a_moved_run_folder_points_its_tracking_at_the_new_place(tmp_path, caplog):
