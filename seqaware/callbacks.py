@@ -491,3 +491,20 @@ class StepClock(pl.Callback):
             if trainer.is_global_zero:
                 with atomic_open(self.path, "w") as handle:
                     json.dump(self.figures, handle)
+
+
+class NonFiniteLoss(pl.Callback):
+    """What a fit does at a NaN / inf loss, logged loss term or gradient (:mod:`seqaware.modules.finite`):
+    ``stop`` (default: the run fails naming the step, the term and its last finite value) or ``skip`` (the
+    step changes nothing and ``train/nonfinite_skips`` counts it). Sets the module's ``nonfinite_action``; a
+    module fitted without this callback stops."""
+
+    def __init__(self, action: str = "stop"):
+        from seqaware.modules.finite import ACTIONS, SWITCH
+
+        if action not in ACTIONS:
+            raise ValueError(f"{SWITCH} must be one of {list(ACTIONS)}, got {action!r}")
+        self.action = action
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        pl_module.nonfinite_action = self.action

@@ -18,6 +18,7 @@ from torch import nn
 
 from seqaware.config import to_plain
 from seqaware.master_weights import HALF_DTYPES, MasterWeights
+from seqaware.modules.finite import FiniteGuard
 from seqaware.metrics.torch_metrics import OrderingMetrics
 from seqaware.metrics.ordering import select_reference
 
@@ -90,9 +91,9 @@ def global_mean(local_sum: torch.Tensor, local_count: torch.Tensor) -> torch.Ten
     return local_sum / local_count.clamp(min=1) * global_share(local_count).to(local_sum.dtype)
 
 
-class SeqawareModule(pl.LightningModule):
-    """Base class: builds the optimiser/scheduler from config, starts ``fit`` in train mode and
-    saves RNG states in checkpoints.
+class SeqawareModule(FiniteGuard, pl.LightningModule):
+    """Base class: builds the optimiser/scheduler from config, starts ``fit`` in train mode,
+    saves RNG states in checkpoints and stops a fit at a non-finite loss or gradient.
 
     ``optimizer`` is a config with ``_target_`` (e.g. ``torch.optim.AdamW``) and its arguments;
     ``scheduler`` is optional: ``{_target_: ..., interval: step|epoch, ...}``; a transformers schedule
@@ -259,8 +260,10 @@ class SeqawareModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Half precision: the gradients go to the float32 master weights (before clipping, which
-        therefore clips float32 gradients). Subclasses that edit gradients call this last."""
+        """Non-finite gradients stop the fit or are dropped (:mod:`seqaware.modules.finite`); under half
+        precision the gradients go to the float32 master weights (before clipping, which therefore clips
+        float32 gradients). Subclasses that edit gradients call this last."""
+        self.check_gradients()
         if self.master_weights is not None:
             self.master_weights.grads_to_master()
 
@@ -273,6 +276,7 @@ class SeqawareModule(pl.LightningModule):
         return state
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self._finite_state(checkpoint)
         if self.master_weights is not None and "state_dict" in checkpoint:
             self.master_weights.state_dict_update(self.named_parameters(), checkpoint["state_dict"])
         checkpoint["rng_states"] = {
@@ -283,6 +287,7 @@ class SeqawareModule(pl.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._load_finite_state(checkpoint)
         states = checkpoint.get("rng_states")
         if not states:
             return
