@@ -206,7 +206,8 @@ def _fit_and_test(cfg: DictConfig, datamodule: pl.LightningDataModule, model: pl
 def _checkpoint_to_test(cfg: DictConfig, trainer: pl.Trainer) -> str | None:
     """The checkpoint the test loads, said in the log: after a fit the best checkpoint (of this run, or
     tracked by the run ``ckpt_path`` continued); without training the one :func:`seqaware.runs.checkpoint_to_test`
-    picks for ``ckpt_path``. None (the current weights) only with a warning that says so."""
+    picks for ``ckpt_path`` (a ``last.ckpt``: the best checkpoint its run tracked, beside it; any other file: exactly
+    that file). None (the current weights) only with a warning that says so."""
     if cfg.get("train", True):
         ckpt = runs.best_checkpoint(trainer)
         if ckpt is None:

@@ -14,8 +14,8 @@
 * ``run.json`` in the folder records the state: ``running`` | ``interrupted`` | ``failed`` |
   ``finished`` (see docs/running.md), the checkpoint resumed from and the W&B run id (so a resumed
   run logs into the same W&B run).
-* :func:`checkpoint_to_test`: what a run without training tests for ``ckpt_path=`` (the best checkpoint
-  beside it when its run tracked one).
+* :func:`checkpoint_to_test`: what a run without training tests for ``ckpt_path=`` (a ``last.ckpt``: the best
+  checkpoint beside it when its run tracked one; any other file: that file).
 * :func:`resolve_latest`: ``latest:TASK/FILE`` config values name FILE in the newest finished run of TASK.
 """
 from __future__ import annotations
@@ -350,14 +350,15 @@ def _forget(state: dict, missing: list[str], mode: str | None) -> None:
 
 def checkpoint_to_test(ckpt_path: str | os.PathLike, callbacks: list) -> tuple[str, str]:
     """The checkpoint a run without training (``train=false``) tests for ``ckpt_path=``, and a log line
-    that says which and why.
+    that says which and why.  The rule (docs/running.md, "Which checkpoint the test uses"):
 
-    A run's ``last.ckpt`` (or any checkpoint) records the best checkpoint its run tracked so far
-    (``best_model_path`` of the monitoring ``ModelCheckpoint``, the one ``callbacks`` monitor first, as
-    :func:`best_checkpoint` picks after a fit): when a file of that name lies beside ``ckpt_path`` it is the one
-    tested, as the run itself would have tested it; otherwise ``ckpt_path`` is.  A best checkpoint records
-    itself, so ``ckpt_path=<run>/checkpoints/best_epoch_002.ckpt`` tests that file, and a copy of ``last.ckpt``
-    taken out of its folder tests its own weights.
+    * ``ckpt_path=<run>/checkpoints/last.ckpt`` (a file named ``last.ckpt``) stands for its run: the best
+      checkpoint that run tracked (``best_model_path`` of the monitoring ``ModelCheckpoint``, the one
+      ``callbacks`` monitor first, as :func:`best_checkpoint` picks after a fit) is tested when a file of that
+      name lies beside it, as the run itself tested it; otherwise ``last.ckpt`` itself, saying why;
+    * any other file is tested exactly as given: a best checkpoint, a checkpoint saved at some step, a copy of
+      a ``last.ckpt`` under another name (``cp last.ckpt last_weights.ckpt``: how to test a last checkpoint's own
+      weights).
     """
     from seqaware.checkpoint_io import load_checkpoint
 
@@ -373,13 +374,17 @@ def checkpoint_to_test(ckpt_path: str | os.PathLike, callbacks: list) -> tuple[s
     best = given.parent / recorded.name
     score = state.get("best_model_score")
     metric = f"{state['monitor']} {float(score):.4f}" if score is not None else state["monitor"]
+    if recorded.name == given.name:
+        return str(given), f"testing ckpt_path={given}, the best checkpoint its run tracked ({metric})"
+    if given.name != LAST_CHECKPOINT.name:
+        return str(given), (f"testing ckpt_path={given} as given (only a file named {LAST_CHECKPOINT.name} stands for "
+                            f"the best checkpoint its run tracked; this one's run tracked {recorded.name}, {metric})")
     if not best.is_file():
         return str(given), (f"testing ckpt_path={given} itself: the best checkpoint its run tracked ({recorded.name}, "
                             f"{metric}) is not beside it")
-    if best.resolve() == given.resolve():
-        return str(given), f"testing ckpt_path={given}, the best checkpoint its run tracked ({metric})"
     return str(best), (f"testing the best checkpoint {best} ({metric}) that the run of ckpt_path={given} tracked, "
-                       "not ckpt_path itself (to test its own weights, copy it out of that folder)")
+                       f"not ckpt_path itself (to test its own weights, pass a copy under another name than "
+                       f"{LAST_CHECKPOINT.name})")
 
 
 # ------------------------------------------------------------------------- latest:TASK/FILE

@@ -378,7 +378,15 @@ def test_a_new_folder_from_another_runs_checkpoint_tests_that_runs_best_and_says
     [said] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("testing ")]
     assert said.startswith(f"testing the best checkpoint {best} (val/pmr ") and said.endswith(
         f") that the run of ckpt_path={source / 'last.ckpt'} tracked, not ckpt_path itself (to test its own weights, "
-        "copy it out of that folder)")
+        "pass a copy under another name than last.ckpt)")
+    caplog.clear()                                                   # ... and that is how: exactly the file given
+    own = source / "last_weights.ckpt"
+    own.write_bytes((source / "last.ckpt").read_bytes())
+    train.run(_short(compose_train, *frozen, "train=false", f"ckpt_path={own}", f"paths.output_dir={tmp_path / 'd'}"))
+    assert runs.read_state(tmp_path / "d")["tested_checkpoint"] == str(own)
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("testing ")] == [
+        f"testing ckpt_path={own} as given (only a file named last.ckpt stands for the best checkpoint its run tracked; "
+        "this one's run tracked best_epoch_000.ckpt, val/pmr " + said.split("(val/pmr ")[1].split(")")[0] + ")"]
     caplog.clear()
     train.run(_short(compose_train, *frozen, "trainer.max_epochs=2", f"ckpt_path={best}",
                      f"paths.output_dir={tmp_path / 'b'}"))

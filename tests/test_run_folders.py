@@ -559,7 +559,7 @@ def test_a_test_only_run_of_a_last_checkpoint_tests_the_best_beside_it(tmp_path)
     best = tmp_path / "a" / "checkpoints" / "best_epoch_002.ckpt"
     assert runs.checkpoint_to_test(source, [SimpleNamespace(state_key=KEY, monitor="val/acc")]) == (
         str(best), f"testing the best checkpoint {best} (val/acc 0.9000) that the run of ckpt_path={source} tracked, not "
-                   "ckpt_path itself (to test its own weights, copy it out of that folder)")
+                   "ckpt_path itself (to test its own weights, pass a copy under another name than last.ckpt)")
     assert runs.checkpoint_to_test(source, [])[0] == str(best)     # a config without the same callback: any monitored one
 
 
@@ -568,11 +568,24 @@ def test_a_test_only_run_finds_the_best_beside_a_moved_run_and_never_outside_it(
     (tmp_path / "a").rename(tmp_path / "moved")
     moved = tmp_path / "moved" / "checkpoints"
     assert runs.checkpoint_to_test(moved / "last.ckpt", [])[0] == str(moved / "best_epoch_002.ckpt")
-    copy = tmp_path / "last_copy.ckpt"                               # taken out of its folder: its own weights
+    copy = tmp_path / "elsewhere" / "last.ckpt"                      # taken out of its folder: its own weights
+    copy.parent.mkdir()
     copy.write_bytes((moved / "last.ckpt").read_bytes())
     assert runs.checkpoint_to_test(copy, []) == (
         str(copy), f"testing ckpt_path={copy} itself: the best checkpoint its run tracked (best_epoch_002.ckpt, "
                    "val/acc 0.9000) is not beside it")
+
+
+@pytest.mark.parametrize("name", ["last_weights.ckpt", "step_12.ckpt", "last.ckpt.bak"])
+def test_a_test_only_run_of_a_file_not_named_last_ckpt_tests_exactly_that_file(tmp_path, name):
+    """Only last.ckpt stands for its run's best; a copy of it under another name, or a checkpoint saved at some step,
+    beside the best is tested as given (how to test a last checkpoint's own weights)."""
+    source, _ = _tracked_run(tmp_path / "a")
+    copy = source.parent / name
+    copy.write_bytes(source.read_bytes())                            # records best_epoch_002.ckpt, which lies beside it
+    assert runs.checkpoint_to_test(copy, [SimpleNamespace(state_key=KEY, monitor="val/acc")]) == (
+        str(copy), f"testing ckpt_path={copy} as given (only a file named last.ckpt stands for the best checkpoint its "
+                   "run tracked; this one's run tracked best_epoch_002.ckpt, val/acc 0.9000)")
 
 
 def test_a_test_only_run_of_a_best_checkpoint_tests_that_file(tmp_path):
