@@ -149,6 +149,31 @@ def test_an_evaluation_file_sharing_stories_with_the_train_file_is_refused_namin
                                  "evaluation data must not share stories"]
 
 
+def test_validation_and_test_files_sharing_a_story_are_refused_naming_both_lines(tmp_path):
+    """As train / evaluation overlaps are: every shared story at once, in any surface form, naming the test line,
+    its id, the field and the validation line; a story shared with the train file too is named for both."""
+    train = ten_stories(tmp_path)
+    val = tsv(tmp_path / "dev.tsv", "v . <eos> w .", "x . <eos> y .", "seven a . <eos> seven b .")
+    test = tsv(tmp_path / "test.tsv", "q . <eos> r .", "X. <eos> Y.", "v . <eos> w .", "seven a . <eos> seven b .")
+    with pytest.raises(ProcedureFormatError) as excinfo:
+        roc_source(str(train), val_path=str(val), test_path=str(test))
+    assert problems(excinfo) == [
+        f"{val}:3: dev-3: steps: the same story as {train}:7 (data.train_path): train and evaluation data must "
+        "not share stories",
+        f"{test}:4: test-4: steps: the same story as {train}:7 (data.train_path): train and evaluation data must "
+        "not share stories",
+        f"{test}:2: test-2: steps: the same story as {val}:2 (data.val_path): validation and test data must not "
+        "share stories",
+        f"{test}:3: test-3: steps: the same story as {val}:1 (data.val_path): validation and test data must not "
+        "share stories",
+        f"{test}:4: test-4: steps: the same story as {val}:3 (data.val_path): validation and test data must not "
+        "share stories"]
+    # disjoint files pass; a slice cut from the train file never shares a story with a given file (checked above)
+    val2, test2 = tsv(tmp_path / "dev2.tsv", "v . <eos> w ."), tsv(tmp_path / "test2.tsv", "q . <eos> r .")
+    splits = roc_source(str(train), val_path=str(val2), test_path=str(test2))
+    assert (ids(splits["val"]), ids(splits["test"])) == (["dev2-1"], ["test2-1"])
+
+
 def test_bytes_that_are_not_utf8_stop_the_hydra_source_naming_file_line_and_column(tmp_path):
     import functools
 

@@ -144,8 +144,10 @@ def roc_source(train_path: str, val_path: str | None = None, test_path: str | No
       extra file) is kept once, the copies counted in a log line naming both files;
     * refused (:class:`ProcedureFormatError`, every problem at once): one file given for two of
       ``data.train_path`` / ``val_path`` / ``test_path`` (as ``data=jsonl`` refuses it), a given
-      validation or test file sharing a story with the train file, and one id (``NAME-LINE``) for two
-      different stories (files of the same name in two folders), each naming both lines.
+      validation or test file sharing a story with the train file, a given test file sharing a story
+      with the given validation file (model selection must not see a test story), and one id
+      (``NAME-LINE``) for two different stories (files of the same name in two folders), each naming
+      both lines.
     """
     if not train_path:
         raise AdapterOptionError("data.train_path: the ROC source needs a train file")
@@ -191,6 +193,16 @@ def roc_source(train_path: str, val_path: str | None = None, test_path: str | No
             problems.append(Problem(*procedure.origin, procedure.id, "steps",
                                     f"the same story as {_where(other)} (data.train_path): "
                                     "train and evaluation data must not share stories"))
+    if val_path is not None and test_path is not None:   # a slice cut from the train file is checked above
+        in_val_file: dict[str, Procedure] = {}
+        for procedure in splits["val"]:
+            in_val_file.setdefault(keys[id(procedure)], procedure)
+        for procedure in splits["test"]:
+            other = in_val_file.get(keys[id(procedure)])
+            if other is not None:
+                problems.append(Problem(*procedure.origin, procedure.id, "steps",
+                                        f"the same story as {_where(other)} (data.val_path): "
+                                        "validation and test data must not share stories"))
     if problems:
         raise ProcedureFormatError(problems)
 
