@@ -336,6 +336,40 @@ def test_pointer_loss_is_divided_by_n_minus_one_per_instance_then_averaged():
     assert float(pooled["pointer_loss"]) == pytest.approx(total / 8, rel=1e-5)
 
 
+def test_the_modules_training_loss_is_the_per_instance_mean_of_the_decoders_outputs():
+    """BersonModule's training loss under ``loss_norm=instance`` (the paper variant's), recomputed by hand from the
+    decoder's teacher-forced log-probabilities and pair logits on instances of 5, 3 and 4 steps: each instance's
+    NLL / (n - 1) and BCE / (n (n - 1)), averaged over the instances, the pair term weighted by lambda = 0.6."""
+    from seqaware.modules.berson import BersonModule
+
+    encoder = {"_target_": "seqaware.encoders.create_encoder", "name": "text", "config": TINY_BERT,
+               "tokenizer": "offline:minilm"}
+    torch.manual_seed(0)
+    module = BersonModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3},
+                          decoder={"paragraph_heads": 4, "dropout": 0.0, "variant": "paper"}).eval()
+    assert module.decoder.loss_norm == "instance"
+    batch = _batch("text", n_steps=(5, 3, 4))
+    gold, mask = batch["gold"], batch["step_mask"]
+    with torch.no_grad():
+        losses = module._losses(batch)[0]
+        state = module.encode(batch)
+        logp = module.decoder.pointer_log_probs(state, gold).double()
+    targets, _ = pairwise_targets(gold, mask)
+    sizes = [int(k) for k in mask.sum(1)]
+    assert sizes == [5, 3, 4]
+    nll = [-sum(logp[b, t, int(gold[b, t])] for t in range(n)) for b, n in enumerate(sizes)]
+    bce = F.binary_cross_entropy_with_logits(state.pair_logits.double(), targets.double(), reduction="none")
+    bce = (bce * valid_pairs(mask)).sum((1, 2))
+    pointer = sum(nll[b] / (n - 1) for b, n in enumerate(sizes)) / 3
+    pair = sum(bce[b] / (n * (n - 1)) for b, n in enumerate(sizes)) / 3
+    assert float(losses["pointer_loss"]) == pytest.approx(float(pointer), rel=1e-6)
+    assert float(losses["pair_loss"]) == pytest.approx(float(pair), rel=1e-6)
+    assert float(losses["loss"]) == pytest.approx(float(pointer + 0.6 * pair), rel=1e-6)
+    # the pooled normalisation (ours) differs on these instances: the check can tell the two apart
+    pooled_pointer = sum(nll) / sum(sizes)
+    assert abs(float(pooled_pointer) / float(pointer) - 1) > 0.05
+
+
 def test_bert_initialisation_of_the_head():
     torch.manual_seed(0)
     d = BersonDecoder(384, paragraph_heads=8, variant="paper")
