@@ -169,9 +169,16 @@ def test_a_module_that_fails_to_import_fails_the_read_and_is_tried_again(widget_
     widgets = importlib.import_module(name).WIDGETS
     with pytest.raises(RuntimeError, match="broken widget module"):
         list(widgets)
-    write("broken", "X = 1\n")
+    write("broken", """
+        from {package} import WIDGETS
+
+        @WIDGETS.register("fixed")
+        def fixed():
+            return "fixed"
+    """)
     sys.modules.pop(f"{name}.broken", None)
-    assert list(widgets) == []
+    # the failed read left the package undiscovered: this read imports the repaired module
+    assert list(widgets) == ["fixed"] and widgets["fixed"]() == "fixed"
 
 
 # ------------------------------------------------------------------------------ the project's registries
