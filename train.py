@@ -240,7 +240,8 @@ def let_max_steps_decide(cfg: DictConfig, overrides: list[str]) -> bool:
     otherwise end it earlier; it is raised to N (every epoch has at least one step, so N epochs never
     end the run first, and a value that is read elsewhere, ``${trainer.max_epochs}``, stays a count), said
     in the log. With both on the command line both stay, and :class:`seqaware.callbacks.FitLimits` warns
-    at the start of fit when max_epochs ends it first. Returns whether it changed the config.
+    at the start of fit when max_epochs ends it first. Returns whether it changed the config (``main`` then
+    rewrites the run folder's ``.hydra/config.yaml``, so re-running the saved config trains the same steps).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -259,7 +260,8 @@ def let_max_steps_decide(cfg: DictConfig, overrides: list[str]) -> bool:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")
 def main(cfg: DictConfig) -> float | None:
-    let_max_steps_decide(cfg, command_line_overrides())
+    if let_max_steps_decide(cfg, command_line_overrides()):
+        runs.rewrite_saved_config(cfg)  # Hydra saved .hydra/config.yaml before this ran: record the raised max_epochs
     # in a -m sweep, DDP's extra ranks re-run this job in this folder (no stray sweep), and the next job
     # launches its own ranks
     with ddp_sweep_job():

@@ -387,6 +387,28 @@ def checkpoint_to_test(ckpt_path: str | os.PathLike, callbacks: list) -> tuple[s
                        f"{LAST_CHECKPOINT.name})")
 
 
+def rewrite_saved_config(cfg: Any) -> Path | None:
+    """Rewrite Hydra's record of this job's config (``<run folder>/.hydra/config.yaml``, written before the job
+    started) with ``cfg`` as it is now, atomically, in Hydra's own format: for a change ``train.py`` makes to the
+    composed config (``trainer.max_epochs`` raised by ``trainer.max_steps``), so that re-running the saved config
+    runs the same job. Returns the path, or None outside a Hydra job or when Hydra saved no config
+    (``hydra.output_subdir=null``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.output_subdir is None:
+        return None
+    path = Path(hydra_cfg.runtime.output_dir) / str(hydra_cfg.output_subdir) / "config.yaml"
+    if not path.is_file():
+        return None
+    with atomic_open(path) as fh:
+        fh.write(OmegaConf.to_yaml(cfg))
+    return path
+
+
 # ------------------------------------------------------------------------- latest:TASK/FILE
 LATEST_PREFIX = "latest:"
 _LATEST = re.compile(r"latest:(?P<task>[A-Za-z0-9][A-Za-z0-9._=+,@-]*)/(?P<file>[^/].*)")

@@ -153,3 +153,43 @@ def test_pretraining_without_an_epoch_limit_is_left_alone(compose_train):
     cfg = compose_train("experiment=clipvil_pretrain", "trainer.max_steps=10")
     assert not train.let_max_steps_decide(cfg, ["trainer.max_steps=10"]) and cfg.trainer.max_epochs == -1
     assert train.command_line_overrides() == []  # outside a Hydra app
+
+
+def test_the_saved_config_records_the_max_epochs_that_max_steps_raised(tmp_path, cache_dir):
+    """``.hydra/config.yaml`` is written by Hydra before ``main`` raises max_epochs: ``main`` rewrites it, so the
+    saved config, run again (``--config-path RUN/.hydra --config-name config``), trains the same 12 steps and not
+    order_baseline's 8 epochs x 1 batch. A run that builds and stops (train=false test=false): a few seconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from conftest import TINY_SYNTHETIC
+
+    root = Path(train.__file__).resolve().parent
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(root / "train.py"), "experiment=order_baseline", "trainer.max_steps=12",
+               "trainer.limit_train_batches=1", "train=false", "test=false", f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}",
+               *[f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()]]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the config's trainer.max_epochs=8 is raised to 12" in done.stderr + done.stdout
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    assert (saved.trainer.max_steps, saved.trainer.max_epochs) == (12, 12)
+    assert not list((run_dir / ".hydra").glob(".*.tmp"))                # written atomically, nothing left over
+    assert OmegaConf.load(run_dir / ".hydra" / "overrides.yaml") == OmegaConf.create(   # Hydra's record, as it was
+        [o for o in command[2:] if not o.startswith("hydra.")])
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(run_dir / ".hydra"), version_base="1.3"):
+            again = compose(config_name="config")                    # the saved config run again, no override
+    finally:
+        GlobalHydra.instance().clear()
+    assert not train.let_max_steps_decide(again, [])
+    # 1 training batch per epoch (limit_train_batches=1): the saved limits end the fit at step 12, as the first run
+    assert again.trainer.limit_train_batches == 1
+    assert fit_length(again.trainer.max_steps, again.trainer.max_epochs, 1) == FitLength(12, 12, "trainer.max_steps")
+    assert OmegaConf.to_container(again) == OmegaConf.to_container(saved)
