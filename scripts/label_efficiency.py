@@ -37,16 +37,21 @@ Before fine-tuning, the script checks that no test procedure is in the pretraini
 (:func:`procedure_key`: the normalised text of every step and the bytes of every image) and stops naming
 the overlap if there is one. Finished runs are reused (``test_metrics.json``; pretraining: ``encoder.pt``
 and a finished ``run.json``), a run made with other overrides is an error (``scripts/wu2022_tables.py``'s
-rules). It writes ``<results>/<world>.md`` (PMR and tau per k, N and Y, mean +- std and every seed, the
-CPU time of the curve) and ``<results>/<world>.png`` (PMR against k, one line per arm, every seed as a
-point, the spread shaded), atomically, and prints one ``LABEL_EFFICIENCY_JSON {...}`` line.
+rules). It prints the table (PMR and tau per k, N and Y, mean +- std and every seed, the seed-matched gap
+``Y - N`` with its 95% interval and the number of seeds where Y > N: :mod:`seqaware.metrics.seeds`, the CPU
+time of the curve) and one ``LABEL_EFFICIENCY_JSON {...}`` line; with ``--results DIR`` it also writes
+``DIR/<world>.md`` and ``DIR/<world>.png`` (PMR against k, one line per arm, every seed as a point, the spread
+shaded), atomically (``--results docs/results/label_efficiency`` for the committed pages).
+
+N and Y of one seed start from the same draw of every layer neither of them pretrained (the BERSON network,
+the pair module): the fine-tuning builds the same modules from the same seed whether or not it loads
+``encoder.pt`` (tests/test_label_efficiency.py checks it), so their gap is what pretraining changed.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -59,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 from scripts.wu2022_tables import _check_overrides, _pretrained, _train, pretrain_budget  # noqa: E402
 from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
+from seqaware.metrics.seeds import mean_std, seed_matched_gap  # noqa: E402
 from seqaware.procedure import Procedure  # noqa: E402
 
 MARKER = "LABEL_EFFICIENCY_JSON"
@@ -177,21 +183,20 @@ def run_seconds(run_dir: Path) -> float:
     return end - start
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return mean, std
-
-
 def markdown(world_name: str, world: World, results: dict, info: dict) -> str:
     lines = [f"# Label efficiency: {world.label}", "",
-             f"Written by `{info['command']}` on {info['date']} ({info['machine']}).", "",
-             f"Pretraining (Y): `{' '.join(info['pretrain'])}` ({info['pretrain_s']:.0f} s).",
-             f"Fine-tuning: {info['steps']} steps of {info['batch_size']} procedures for every k, N and Y; "
-             f"seeds {', '.join(map(str, info['seeds']))}; test split {info['test_n']} procedures (one = "
-             f"{100 / max(info['test_n'], 1):.2f} PMR points), none of them in the pretraining pool (checked by content).",
-             f"CPU time of the curve: {info['total_s'] / 60:.0f} min ({info['runs']} fine-tuning runs + the pretraining).",
-             "", "| k | arm | PMR (%) mean ± std | per seed | Acc (%) | tau | Y - N (PMR) |", "|---:|---|---:|---|---:|---:|---:|"]
+             f"Written by `{info['command']}` on {info['date']} ({info['machine']}).", ""]
+    if info.get("pretrain"):   # only a pretraining that ran (an N-only curve has none)
+        lines.append(f"Pretraining (Y): `{' '.join(info['pretrain'])}` ({info['pretrain_s']:.0f} s).")
+    lines += [f"Fine-tuning: {info['steps']} steps of {info['batch_size']} procedures for every k"
+              f"{', N and Y' if info.get('pretrain') else ''}; seeds {', '.join(map(str, info['seeds']))}"
+              f"{' (fewer than 5)' if len(info['seeds']) < 5 else ''}; test split {info['test_n']} procedures (one = "
+              f"{100 / max(info['test_n'], 1):.2f} PMR points)"
+              + (", none of them in the pretraining pool (checked by content)." if info.get("pretrain") else "."),
+              f"CPU time of the curve: {info['total_s'] / 60:.0f} min ({info['runs']} fine-tuning runs"
+              + (" + the pretraining)." if info.get("pretrain") else ")."),
+              "", "| k | arm | PMR (%) mean ± std | per seed | Acc (%) | tau | Y - N (PMR), seed-matched |",
+              "|---:|---|---:|---|---:|---:|---|"]
     for k in sorted(results):
         for arm in ARMS:
             rows = results[k].get(arm, {})
@@ -202,12 +207,9 @@ def markdown(world_name: str, world: World, results: dict, info: dict) -> str:
             tau = mean_std([m["test/tau"] for m in rows.values()])[0]
             m, s = mean_std(pmr)
             gap = ""
-            if arm == "Y" and results[k].get("N"):
-                seeds = sorted(set(rows) & set(results[k]["N"]))
-                diffs = [100 * (rows[sd]["test/pmr"] - results[k]["N"][sd]["test/pmr"]) for sd in seeds]
-                if diffs:
-                    gm, gs = mean_std(diffs)
-                    gap = f"{gm:+.2f} ± {gs:.2f}"
+            if arm == "Y" and results[k].get("N") and set(rows) & set(results[k]["N"]):
+                gap = seed_matched_gap({sd: 100 * r["test/pmr"] for sd, r in rows.items()},
+                                       {sd: 100 * r["test/pmr"] for sd, r in results[k]["N"].items()}).text()
             per_seed = ", ".join(f"{100 * rows[sd]['test/pmr']:.2f}" for sd in sorted(rows))
             lines.append(f"| {k} | {arm} | {m:.2f} ± {s:.2f} | {per_seed} | {acc:.2f} | {tau:.3f} | {gap} |")
     if world.paper:
@@ -258,7 +260,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     own, extra = split_overrides(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", choices=sorted(WORLDS), required=True)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--ks", type=int, nargs="+", help="labelled procedures per point (default: the world's)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--objectives", help="the pretraining objective set, a list such as '[mlm,sop,smrm]'")
@@ -267,7 +269,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--pretrain-steps", type=int)
     parser.add_argument("--pretrain-batch-size", type=int)
     parser.add_argument("--out", type=Path, default=ROOT / "logs" / "label_efficiency")
-    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results" / "label_efficiency")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="write <world>.md and <world>.png into this folder (docs/results/label_efficiency for the "
+                             "committed pages); without it the table is printed only")
     parser.add_argument("--finetune-override", action="append", default=[], metavar="K=V")
     parser.add_argument("--pretrain-override", action="append", default=[], metavar="K=V")
     args = parser.parse_args(own)
@@ -311,18 +315,22 @@ def main(argv: Optional[list[str]] = None) -> int:
                 seconds.append(run_seconds(run_dir))
                 results.setdefault(k, {}).setdefault(arm, {})[seed] = metrics
                 print(f"k={k} seed={seed} {arm}: PMR {100 * metrics['test/pmr']:.2f}", flush=True)
-    pre_s = run_seconds(pre_dir) if "Y" in args.arms else 0.0
+    pretrained = "Y" in args.arms
+    pre_s = run_seconds(pre_dir) if pretrained else 0.0
     info = {"command": "python scripts/label_efficiency.py " + " ".join(argv), "date": time.strftime("%Y-%m-%d"),
-            "machine": machine(), "pretrain": pretrain, "pretrain_s": pre_s, "steps": steps, "batch_size": batch_size,
-            "seeds": args.seeds, "test_n": test_n, "runs": len(seconds),
+            "machine": machine(), "pretrain": pretrain if pretrained else None, "pretrain_s": pre_s, "steps": steps,
+            "batch_size": batch_size, "seeds": args.seeds, "test_n": test_n, "runs": len(seconds),
             "total_s": sum(s for s in seconds if s == s) + (pre_s if pre_s == pre_s else 0.0)}
-    args.results.mkdir(parents=True, exist_ok=True)
-    with atomic_open(args.results / f"{args.world}.md", "w") as handle:
-        handle.write(markdown(args.world, world, results, info))
-    chart(world, results, args.results / f"{args.world}.png")
+    page = markdown(args.world, world, results, info)
+    print(page, flush=True)
+    if args.results is not None:
+        args.results.mkdir(parents=True, exist_ok=True)
+        with atomic_open(args.results / f"{args.world}.md", "w") as handle:
+            handle.write(page)
+        chart(world, results, args.results / f"{args.world}.png")
+        print(f"wrote {args.results / (args.world + '.md')} and .png in {time.time() - started:.0f} s")
     summary = {f"{k}/{arm}": {"pmr": mean_std([m["test/pmr"] for m in rows.values()]), "seeds": sorted(rows)}
                for k, arms in results.items() for arm, rows in arms.items()}
-    print(f"wrote {args.results / (args.world + '.md')} and .png in {time.time() - started:.0f} s")
     print(MARKER, json.dumps({"world": args.world, "points": summary, "cpu_s": info["total_s"]}))
     return 0
 

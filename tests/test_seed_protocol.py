@@ -1,0 +1,56 @@
+"""Comparing arms over seeds: the 95% interval of the seed-matched gap (a hand case), and N / Y fine-tunings of one
+seed starting from the same draw of every layer neither pretrained."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import train
+from conftest import TINY_BERT
+from seqaware.metrics.seeds import interval95, mean_std, seed_matched_gap
+
+
+def test_the_gap_interval_is_students_t_over_the_matched_seeds():
+    # d = 1, 2, 3 (seed 4 has no N): mean 2, sd 1, t(0.975, 2) = 4.302653 -> 2 +- 4.302653 / sqrt(3) = 2 +- 2.484138
+    gap = seed_matched_gap({1: 11.0, 2: 12.0, 3: 13.0, 4: 99.0}, {1: 10.0, 2: 10.0, 3: 10.0})
+    assert (gap.mean, gap.std, gap.n, gap.wins) == (2.0, 1.0, 3, 3)
+    assert gap.low == pytest.approx(2 - 2.484138, abs=1e-6) and gap.high == pytest.approx(2 + 2.484138, abs=1e-6)
+    assert gap.text() == "+2.00 ± 1.00 (95% CI [-0.48, +4.48]; Y > N on 3 of 3 seeds)"
+    # five seeds, two where Y < N and one tie: t(0.975, 4) = 2.776445
+    gap = seed_matched_gap({s: v for s, v in enumerate([5.0, -1.0, 0.0, 4.0, -3.0])}, {s: 0.0 for s in range(5)})
+    mean, std = mean_std([5.0, -1.0, 0.0, 4.0, -3.0])
+    assert (gap.mean, gap.wins) == (1.0, 2) and std == pytest.approx(math.sqrt(46.0 / 4))
+    assert gap.high - gap.mean == pytest.approx(2.776445 * std / math.sqrt(5), abs=1e-6)
+    one = seed_matched_gap({1: 3.0}, {1: 1.0})
+    assert math.isnan(one.low) and one.text() == "+2.00 ± 0.00 (one seed, no interval; Y > N on 1 of 1 seeds)"
+    assert all(math.isnan(v) for v in interval95([1.0]))
+    with pytest.raises(ValueError, match=r"no seed in common: Y has \[1\], N has \[2\]"):
+        seed_matched_gap({1: 1.0}, {2: 1.0})
+
+
+def _build(compose_train, *extra: str):
+    cfg = compose_train("experiment=berson_finetune", f"model.encoder.config={TINY_BERT}", "model.pair_encoding=joint",
+                        "data.collator.image_size=64", "seed=3", *extra)
+    _, model, _ = train.build(cfg)
+    return model
+
+
+@pytest.mark.slow  # three BERSON modules built: about 10 s
+def test_n_and_y_of_one_seed_start_from_the_same_draw_of_every_layer_neither_pretrained(compose_train, tmp_path):
+    n = _build(compose_train)
+    # a "pretrained" encoder: every tensor of N's start moved, new layers included
+    pretrained = {k: v + 0.5 if v.dtype.is_floating_point else v for k, v in n.encoder.state_dict().items()}
+    torch.save(pretrained, tmp_path / "encoder.pt")
+    y = _build(compose_train, f"model.encoder.ckpt={tmp_path / 'encoder.pt'}")
+    fresh = [name for name in n.state_dict() if not name.startswith("encoder.")]
+    assert any(name.startswith("decoder.") for name in fresh) and any(name.startswith("pair_states.") for name in fresh)
+    for name in fresh:   # the BERSON network and the pair module: one draw for both arms
+        torch.testing.assert_close(y.state_dict()[name], n.state_dict()[name], rtol=0, atol=0, msg=name)
+    for name, value in y.encoder.state_dict().items():   # the encoder: all of it from encoder.pt
+        torch.testing.assert_close(value, pretrained[name], rtol=0, atol=0, msg=name)
+    # and another seed draws the fresh layers anew
+    other = _build(compose_train, "seed=4")
+    drawn = [name for name in fresh if n.state_dict()[name].float().std() > 0]
+    assert drawn and not any(torch.equal(other.state_dict()[name], n.state_dict()[name]) for name in drawn)
