@@ -26,7 +26,10 @@ is used), names every part that is missing or corrupt at once, and writes ``DEST
 ``model.safetensors`` with every tensor back in its original dtype (float32 for MPNet), so
 ``AutoModel.from_pretrained(DEST)`` and ``backbones.text=DEST backbones.tokenizer=DEST`` load it with no
 package beyond torch, safetensors and transformers.  ``DEST`` is built beside itself and moved into place
-(:func:`seqaware.io.build_folder_once`); a finished ``DEST`` of the same manifest is reused.
+(:func:`seqaware.io.build_folder_once`); a finished ``DEST`` of the same manifest is reused.  Every name the
+manifest gives a file must be one plain file name (:func:`check_names`): a manifest naming ``../x``, ``/etc/x``
+or ``sub/x``, or a file of ``unpack_files`` that is a symbolic link in ``DEST``, is refused naming the entry,
+before anything is written.
 """
 from __future__ import annotations
 
@@ -227,7 +230,45 @@ def read_manifest(folders: Sequence[Path]) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise PartsError(f"{found[0]}: format {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
                          f"expected {FORMAT!r}")
+    check_names(manifest, found[0])
     return manifest
+
+
+def _plain_name(name: Any) -> bool:
+    """One file name: a non-empty string with no folder part (no ``/``, ``\\``, ``..``, ``.``, absolute path, NUL)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+            and Path(name).name == name)
+
+
+def check_names(manifest: dict[str, Any], where: Path) -> None:
+    """Every name the manifest gives a file is one plain file name: ``files[i].name`` is written into the
+    destination folder and ``parts[i].file`` read from a folder of parts, so a name with a folder part
+    (``../x``, ``/etc/x``, ``sub/x``) would reach outside them.  PartsError naming every bad entry, before
+    anything is read or written."""
+    bad = [f"{key}[{i}].{field} {entry.get(field) if isinstance(entry, dict) else entry!r}"
+           for key, field in (("files", "name"), ("parts", "file"))
+           for i, entry in enumerate(manifest.get(key) or [])
+           if not isinstance(entry, dict) or not _plain_name(entry.get(field))]
+    if bad:
+        raise PartsError(f"{where}: {len(bad)} manifest name(s) that are not plain file names and would leave the "
+                         "folder they belong in (a pack names top-level files only: no '/', '..' or absolute path): "
+                         + "; ".join(bad) + "; nothing read or written")
+
+
+def file_targets(manifest: dict[str, Any], dest: Path) -> list[Path]:
+    """Where each of the manifest's ``files`` is written in ``dest``; PartsError when one is a symbolic link
+    (or not a file) already there, which the write would follow out of ``dest``, naming the entry."""
+    targets, bad = [], []
+    for i, entry in enumerate(manifest["files"]):
+        target = dest / entry["name"]
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            kind = f"a symbolic link to {target.readlink()}" if target.is_symlink() else "not a file"
+            bad.append(f"files[{i}].name {entry['name']!r}: {target} is {kind}")
+        targets.append(target)
+    if bad:
+        raise PartsError(f"{dest}: the manifest's files would be written through what is there, outside {dest}: "
+                         + "; ".join(bad) + "; nothing written")
+    return targets
 
 
 def locate_parts(folders: Sequence[Path], manifest: dict[str, Any]) -> tuple[list[Optional[Path]], list[str]]:
@@ -283,8 +324,8 @@ def unpack(folders: Sequence[Path], dest: Path) -> Path:
         stream = b"".join(path.read_bytes() for path in found)
         if hashlib.sha256(stream).hexdigest() != manifest["sha256"]:
             raise PartsError(f"the {len(found)} parts join into a stream whose SHA-256 differs from the manifest's")
-        for entry in manifest["files"]:
-            (tmp / entry["name"]).write_bytes(stream[entry["offset"]:entry["offset"] + entry["bytes"]])
+        for entry, target in zip(manifest["files"], file_targets(manifest, tmp)):
+            target.write_bytes(stream[entry["offset"]:entry["offset"] + entry["bytes"]])
         state = {e["name"]: decode_tensor(e, stream[e["offset"]:e["offset"] + e["bytes"]]) for e in manifest["tensors"]}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / UNPACKED_MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -303,10 +344,10 @@ def unpack_files(folders: Sequence[Path], dest: Path) -> Path:
         raise PartsError(f"the files are in part 0: {problems[0]}")
     first = found[0].read_bytes()
     dest.mkdir(parents=True, exist_ok=True)
-    for entry in manifest["files"]:
+    for entry, target in zip(manifest["files"], file_targets(manifest, dest)):
         if entry["offset"] + entry["bytes"] > len(first):
             raise PartsError(f"{entry['name']} lies beyond part 0 of {found[0]}: not a pack of this format")
-        (dest / entry["name"]).write_bytes(first[entry["offset"]:entry["offset"] + entry["bytes"]])
+        target.write_bytes(first[entry["offset"]:entry["offset"] + entry["bytes"]])
     return dest
 
 

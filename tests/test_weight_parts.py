@@ -184,3 +184,68 @@ def test_the_config_and_tokenizer_come_out_of_part_0_alone(tiny_folder, tmp_path
     with pytest.raises(PartsError, match=rf"^the files are in part 0: part-000.bin \(part 1 of 3, .* bytes\): "
                                          rf"missing: in none of {a}$"):
         unpack_files([a], tmp_path / "arch2")
+
+
+# ---------------------------------------------------------------- names that would leave the folder
+def _hand_pack(folder: Path, names: list[str], part_file: str = "part-000.bin") -> Path:
+    """A one-part pack whose manifest names ``names`` as its files (each 2 bytes, no tensors): what a manifest
+    edited or crafted by someone else may say."""
+    import hashlib
+
+    folder.mkdir(parents=True)
+    stream = b"".join(b"%02d" % i for i in range(len(names)))
+    (folder / "part-000.bin").write_bytes(stream)
+    digest = hashlib.sha256(stream).hexdigest()
+    manifest = {"format": weight_parts.FORMAT, "source": "crafted", "max_part_bytes": MIB, "total_bytes": len(stream),
+                "sha256": digest, "parts": [{"file": part_file, "bytes": len(stream), "sha256": digest}],
+                "files": [{"name": n, "offset": 2 * i, "bytes": 2} for i, n in enumerate(names)], "tensors": []}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_unpack_refuses_manifest_names_that_leave_the_destination_naming_each_entry(tmp_path):
+    from weight_parts import unpack_files
+
+    outside = tmp_path / "outside.txt"
+    parts = _hand_pack(tmp_path / "parts", ["config.json", "../outside.txt", str(outside), "sub/x.json", ".."])
+    expected = (f"{parts / 'manifest.json'}: 4 manifest name(s) that are not plain file names and would leave the folder "
+                "they belong in (a pack names top-level files only: no '/', '..' or absolute path): files[1].name "
+                f"'../outside.txt'; files[2].name '{outside}'; files[3].name 'sub/x.json'; files[4].name '..'; nothing "
+                "read or written")
+    for run in (lambda: unpack([parts], tmp_path / "dest" / "model"), lambda: unpack_files([parts], tmp_path / "arch"),
+                lambda: weight_parts.verify([parts])):
+        with pytest.raises(PartsError) as err:
+            run()
+        assert str(err.value) == expected
+    assert not outside.exists() and not (tmp_path / "dest").exists() and not (tmp_path / "arch").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["parts"]
+    assert weight_parts.main(["unpack", str(tmp_path / "model"), str(parts)]) == 1   # the command line: exit 1
+
+
+def test_a_part_name_that_leaves_its_folder_is_refused(tmp_path):
+    (tmp_path / "secret.bin").write_bytes(b"00")
+    parts = _hand_pack(tmp_path / "parts", ["config.json"], part_file="../secret.bin")
+    with pytest.raises(PartsError, match=r"parts\[0\].file '\.\./secret\.bin'; nothing read or written$"):
+        unpack([parts], tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
+def test_unpack_files_never_writes_through_a_symbolic_link_in_the_destination(tmp_path):
+    from weight_parts import unpack_files
+
+    parts = _hand_pack(tmp_path / "parts", ["config.json", "vocab.txt"])
+    outside = tmp_path / "outside.json"
+    outside.write_text("mine")
+    dest = tmp_path / "arch"
+    dest.mkdir()
+    (dest / "vocab.txt").symlink_to(outside)
+    with pytest.raises(PartsError) as err:
+        unpack_files([parts], dest)
+    assert str(err.value) == (f"{dest}: the manifest's files would be written through what is there, outside {dest}: "
+                              f"files[1].name 'vocab.txt': {dest / 'vocab.txt'} is a symbolic link to {outside}; "
+                              "nothing written")
+    assert outside.read_text() == "mine" and sorted(p.name for p in dest.iterdir()) == ["vocab.txt"]
+    (dest / "vocab.txt").unlink()                                     # plain files there are overwritten as before
+    (dest / "config.json").write_text("old")
+    unpack_files([parts], dest)
+    assert (dest / "config.json").read_bytes() == b"00" and (dest / "vocab.txt").read_bytes() == b"01"
