@@ -81,6 +81,22 @@ def test_a_test_procedure_in_the_pretraining_pool_stops_the_script(monkeypatch, 
     assert le.check_no_leak(tmp_path / "pre", tmp_path / "ft") == 1
 
 
+def test_a_test_procedure_in_the_pretraining_runs_validation_split_stops_the_script(monkeypatch, tmp_path):
+    """The pretraining run validates on its val split: a fine-tuning test procedure there leaks too. Here the
+    only overlap is between that split and the fine-tuning test split (a copy under another id: the check
+    compares content)."""
+    pre, ft = procedures(12)[:6], procedures(12)[6:]
+    copy = Procedure(id="val-copy", steps=list(pre[4].steps), split="test")
+    splits = {"pre": {"train": pre[:3], "val": pre[3:5], "test": pre[5:]},
+              "ft": {"train": ft[:2], "val": ft[2:4], "test": [*ft[4:], copy]}}
+    monkeypatch.setattr(le, "run_splits", lambda run_dir: splits[run_dir.name])
+    with pytest.raises(SystemExit, match=r"1 test procedures of .*ft are in the pretraining pool of .*pre: "
+                                         r"\['val-copy'\]$"):
+        le.check_no_leak(tmp_path / "pre", tmp_path / "ft")
+    splits["ft"]["test"] = ft[4:]
+    assert le.check_no_leak(tmp_path / "pre", tmp_path / "ft") == 2
+
+
 def test_table_gives_mean_std_every_seed_and_the_seed_matched_gap():
     results = {8: {"N": {1: {"test/pmr": 0.50, "test/acc": 0.7, "test/tau": 0.4},
                          2: {"test/pmr": 0.60, "test/acc": 0.8, "test/tau": 0.5}},
