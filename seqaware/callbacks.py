@@ -295,17 +295,29 @@ class FitLimits(pl.Callback):
       last batch instead, so the monitoring ``ModelCheckpoint`` keeps a best checkpoint for the test (and
       pretraining's ``encoder.pt``). Validation that is off stays off (``trainer.limit_val_batches=0``,
       no validation data); ``fast_dev_run`` is left to Lightning.
+    * ``trainer.max_time`` ends the fit at the batch its time is up, inside the first epoch too: Lightning
+      lets no stop request (its Timer's included) end a fit before ``trainer.min_epochs`` (1 in
+      ``configs/trainer/default.yaml``, there so that an early-stopping callback waits for a whole epoch);
+      when the time is up before then, the minimum is lifted for this fit (said in the log), and the cut
+      is validated (the validation epoch ``check_val_every_n_epoch`` waits for included), so a best
+      checkpoint is kept and tested. A stop request of anything else still waits for ``min_epochs``.
 
-    ``length`` (:class:`FitLength`) and ``validates_at_end`` say what it found.
+    ``length`` (:class:`FitLength`), ``validates_at_end`` and ``cut_by_max_time`` say what it found.
     """
 
     def __init__(self):
         self.length: FitLength | None = None
         self.validates_at_end = False
+        self.cut_by_max_time = False
+        self._timer = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from pytorch_lightning.callbacks import Timer
+
         if trainer.fast_dev_run:
             return
+        self._timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer) and cb.time_remaining() is not None),
+                           None)
         self.length = length = FitLength.of(trainer)
         if trainer.is_global_zero and trainer.max_steps > 0 and length.steps < trainer.max_steps:
             log.warning(self.max_steps_message(trainer, length))
@@ -322,6 +334,28 @@ class FitLimits(pl.Callback):
             log.info(f"this fit ends after training batch {int(length.batches):,} ({length.ended_by}), before its "
                      f"first validation (after {first_text}: {settings}): it validates once at its end, so the "
                      "best checkpoint is kept and tested")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
+        """``trainer.max_time`` up before ``trainer.min_epochs`` / ``min_steps`` are met: stop at this batch."""
+        loop = trainer.fit_loop
+        if self._timer is None or self.cut_by_max_time or not (loop.min_epochs or loop.min_steps):
+            return
+        if (loop.epoch_progress.current.processed >= (loop.min_epochs or 0)
+                and trainer.global_step >= (loop.min_steps or 0)):
+            return                                      # Lightning stops at max_time itself from here on
+        left = self._timer.time_remaining()
+        if not trainer.strategy.broadcast(left is not None and left <= 0):   # rank 0's clock, as the Timer's
+            return
+        minimum = f"trainer.min_epochs={loop.min_epochs}" + (f", min_steps={loop.min_steps}" if loop.min_steps else "")
+        loop.min_epochs, loop.epoch_loop.min_steps = 0, None
+        trainer.should_stop = self.cut_by_max_time = True
+        every = trainer.check_val_every_n_epoch
+        if trainer.enable_validation and every is not None and (trainer.current_epoch + 1) % every:
+            trainer.check_val_every_n_epoch = None      # so Lightning validates at the cut, in any epoch
+        if trainer.is_global_zero:
+            log.info(f"trainer.max_time is up at step {trainer.global_step:,} (epoch {trainer.current_epoch}): the fit "
+                     f"ends here, before {minimum} (a minimum that holds back early stopping, not the time limit)"
+                     + (", validated at the cut" if trainer.enable_validation else ""))
 
     @staticmethod
     def max_steps_message(trainer: pl.Trainer, length: FitLength) -> str:

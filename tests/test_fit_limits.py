@@ -193,3 +193,67 @@ def test_the_saved_config_records_the_max_epochs_that_max_steps_raised(tmp_path,
     assert again.trainer.limit_train_batches == 1
     assert fit_length(again.trainer.max_steps, again.trainer.max_epochs, 1) == FitLength(12, 12, "trainer.max_steps")
     assert OmegaConf.to_container(again) == OmegaConf.to_container(saved)
+
+
+# ---------------------------------------------------------------- trainer.max_time inside the first epoch
+class _Clock:
+    """Lightning's Timer's clock, advanced 1 s by each training step (and by nothing else)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _TimedModule(_Module):
+    def __init__(self, clock: _Clock, stop_at: int | None = None) -> None:
+        super().__init__()
+        self.clock, self.stop_at = clock, stop_at
+
+    def training_step(self, batch, batch_idx):
+        self.clock.now += 1.0
+        if self.stop_at is not None and batch_idx + 1 == self.stop_at:
+            self.trainer.should_stop = True               # what an early-stopping callback asks
+        return super().training_step(batch, batch_idx)
+
+
+def _timed_fit(tmp_path, monkeypatch, module_kwargs=None, **trainer_kwargs):
+    import pytorch_lightning.callbacks.timer as timer_module
+
+    clock = _Clock()
+    monkeypatch.setattr(timer_module, "time", clock)
+    limits = FitLimits()
+    best = ModelCheckpoint(dirpath=tmp_path / "checkpoints", monitor="val/loss", mode="min", filename="best")
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, callbacks=[limits, best], default_root_dir=tmp_path, **trainer_kwargs)
+    module = _TimedModule(clock, **(module_kwargs or {}))
+    trainer.fit(module, DataLoader(TensorDataset(torch.randn(40, 2)), batch_size=4),      # 10 batches an epoch
+                DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
+    return trainer, module, limits, best
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_max_time_ends_a_fit_inside_its_first_epoch_validated_at_the_cut(compose_train, tmp_path, monkeypatch, caplog, every):
+    """The project's trainer config asks for min_epochs 1 (for early stopping); trainer.max_time still ends the fit
+    at the batch its 3 s are up (step 3 of 10 in epoch 0), validated there (also when the epoch that validates is
+    the second) so the best checkpoint is the cut's; Lightning alone would train on to the epoch's end."""
+    min_epochs = compose_train().trainer.min_epochs
+    assert min_epochs == 1
+    with caplog.at_level(logging.INFO, logger="seqaware.callbacks"):
+        trainer, module, limits, best = _timed_fit(tmp_path, monkeypatch, max_epochs=2, min_epochs=min_epochs,
+                                                   max_time={"seconds": 3}, check_val_every_n_epoch=every)
+    assert trainer.global_step == 3 and limits.cut_by_max_time                      # of 10 in epoch 0
+    assert module.validations == [3]
+    assert torch.load(best.best_model_path, weights_only=True)["global_step"] == 3
+    assert [r.getMessage() for r in caplog.records if "max_time" in r.getMessage()] == [
+        "trainer.max_time is up at step 3 (epoch 0): the fit ends here, before trainer.min_epochs=1 (a minimum that "
+        "holds back early stopping, not the time limit), validated at the cut"]
+
+
+def test_min_epochs_still_holds_back_other_stop_requests(tmp_path, monkeypatch):
+    """What trainer.min_epochs: 1 is for: a stop asked inside the first epoch (an early-stopping callback) waits for
+    the epoch's end; with max_time set but not up, too."""
+    trainer, module, limits, _ = _timed_fit(tmp_path, monkeypatch, module_kwargs={"stop_at": 2}, max_epochs=3,
+                                            min_epochs=1, max_time={"seconds": 100})
+    assert trainer.global_step == 10 and module.validations == [10] and not limits.cut_by_max_time
