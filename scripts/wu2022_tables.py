@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Our Wu et al. (ACL 2022) Tables 2 and 3 on the hard synthetic world, through ``train.py``.
 
-    python scripts/wu2022_tables.py --seeds 1 2 3                       # every row, 3 seeds
+    python scripts/wu2022_tables.py                                     # every row, seeds 1-5
     python scripts/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
     python scripts/wu2022_tables.py --seeds 1 2 3 --pretrain-steps 1200  # a longer pretraining budget
     python scripts/wu2022_tables.py --seeds 1 2 3 --jobs 14 -- trainer.accelerator=gpu   # one GPU, 14 runs at a time
@@ -33,14 +33,15 @@ was made with other overrides (``.hydra/overrides.yaml``) is an error, never sil
 are the Table 2 columns over the test split, against every order the DAG allows (``test/acc``,
 ``test/pmr``, ``test/lcs`` = Lq, ``test/lcstr`` = Lr, ``test/tau``, ``test/dist``); Acc and PMR in
 percent as in the paper.  The script prints the two tables in the paper's layout (mean +- std over
-the seeds) and one final line
+the seeds), each encoder's seed-matched PMR gap Y - N with its 95% interval and the seeds where Y > N
+(:mod:`seqaware.metrics.seeds`; N and Y of one seed fine-tune from one draw of every layer neither pretrained),
+and one final line
 ``WU2022_TABLES_JSON {"<encoder>/<N|Y|objective set>/<metric>": {"mean", "std", "n"}, ...}``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -59,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 from seqaware import runs  # noqa: E402
 from seqaware.io import read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
+from seqaware.metrics.seeds import mean_std, seed_matched_gap  # noqa: E402
 
 MARKER = "WU2022_TABLES_JSON"
 METRICS = (("acc", "Acc", 100.0), ("pmr", "PMR", 100.0), ("lcs", "Lq", 1.0), ("lcstr", "Lr", 1.0),
@@ -199,9 +201,24 @@ def summarise(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str,
     for key, per_seed in results.items():
         for metric, _, scale in METRICS:
             values = [scale * float(m[f"test/{metric}"]) for m in per_seed]
-            mean = sum(values) / len(values)
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+            mean, std = mean_std(values)
             out[f"{key}/{metric}"] = {"mean": mean, "std": std, "n": len(values)}
+    return out
+
+
+def gaps(results: dict[str, list[dict[str, float]]], seeds: list[int]) -> dict[str, dict[str, float]]:
+    """``{"<encoder>/Y-N/pmr": {"mean", "std", "low", "high", "n", "wins"}}``: each encoder's seed-matched PMR gap
+    (points) between its Y and N rows, with the 95% interval over seeds (:mod:`seqaware.metrics.seeds`)."""
+    out = {}
+    for key in results:
+        encoder, arm = key.split("/")
+        if arm != "Y" or f"{encoder}/N" not in results:
+            continue
+        y = {s: 100 * float(m["test/pmr"]) for s, m in zip(seeds, results[key])}
+        n = {s: 100 * float(m["test/pmr"]) for s, m in zip(seeds, results[f"{encoder}/N"])}
+        gap = seed_matched_gap(y, n)
+        out[f"{encoder}/Y-N/pmr"] = {"mean": gap.mean, "std": gap.std, "low": gap.low, "high": gap.high,
+                                     "n": gap.n, "wins": gap.wins, "text": gap.text()}
     return out
 
 
@@ -227,7 +244,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--rows", nargs="+", default=None, metavar="ROW",
                         help=f"rows to run (default: all; the text rows for text-only data): {' '.join(ROW_KEYS)}")
     parser.add_argument("--data", default="synthetic_hard", help="data config (configs/data/), default synthetic_hard")
@@ -291,6 +308,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         text = table(summary, number)
         if text.count("\n") > 1:
             print(f"\nTable {number} (ours; {args.data}, test split, mean ± std over seeds {seeds}):\n{text}")
+    matched = gaps(results, args.seeds)
+    if matched:
+        few = " (fewer than 5 seeds)" if len(args.seeds) < 5 else ""
+        print(f"\nY - N, test PMR points, seed-matched over seeds {seeds}{few}:")
+        for key, gap in matched.items():
+            print(f"  {key.split('/')[0]}: {gap['text']}")
+        summary.update(matched)
     (args.out).mkdir(parents=True, exist_ok=True)
     (args.out / "tables.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     print(f"{MARKER} {json.dumps(summary, sort_keys=True)}")

@@ -37,6 +37,19 @@ def test_summary_is_mean_and_sample_std_in_the_papers_units():
     assert tables.table(summary, 3).count("\n") == 1  # no Table 3 row was run
 
 
+def test_each_encoders_y_minus_n_is_seed_matched_with_its_interval():
+    # PMR points Y - N per seed: +10, +20, -6 -> mean 8, sd 13.114877, t(0.975, 2) = 4.302653
+    n = [_metrics(0.5, p) for p in (0.20, 0.30, 0.40)]
+    y = [_metrics(0.5, p) for p in (0.30, 0.50, 0.34)]
+    gaps = tables.gaps({"clipvil/N": n, "clipvil/Y": y, "text/N": n}, [1, 2, 3])
+    assert list(gaps) == ["clipvil/Y-N/pmr"]  # text has no Y row: no gap
+    gap = gaps["clipvil/Y-N/pmr"]
+    assert (gap["n"], gap["wins"]) == (3, 2) and gap["mean"] == pytest.approx(8.0)
+    half = 4.302653 * 13.114877 / 3 ** 0.5
+    assert (gap["low"], gap["high"]) == (pytest.approx(8.0 - half, abs=1e-4), pytest.approx(8.0 + half, abs=1e-4))
+    assert gap["text"] == "+8.00 ± 13.11 (95% CI [-24.58, +40.58]; Y > N on 2 of 3 seeds)"
+
+
 def test_every_row_names_a_known_objective_set_and_rows_are_validated(capsys):
     from seqaware.objectives import OBJECTIVE_SETS
 
