@@ -107,8 +107,34 @@ def test_table_gives_mean_std_every_seed_and_the_seed_matched_gap():
             "seeds": [1, 2], "test_n": 300, "runs": 4, "total_s": 600.0}
     text = le.markdown("hard", le.WORLDS["hard"], results, info)
     assert "| 8 | N | 55.00 ± 7.07 | 50.00, 60.00 | 75.00 | 0.450 |  |" in text
-    assert "| 8 | Y | 63.00 ± 9.90 | 56.00, 70.00 | 85.00 | 0.650 | +8.00 ± 2.83 |" in text
-    assert "one = 0.33 PMR points" in text and "CPU time of the curve: 10 min (4 fine-tuning runs" in text
+    # seed-matched gaps 6 and 10: mean 8, sd 2.83, t(0.975, 1) = 12.706 -> 8 +- 25.41
+    assert ("| 8 | Y | 63.00 ± 9.90 | 56.00, 70.00 | 85.00 | 0.650 | +8.00 ± 2.83 (95% CI [-17.41, +33.41]; "
+            "Y > N on 2 of 2 seeds) |") in text
+    assert "one = 0.33 PMR points" in text and "CPU time of the curve: 10 min (4 fine-tuning runs + the pretraining)" in text
+    assert "seeds 1, 2 (fewer than 5)" in text and "Pretraining (Y): `experiment=clipvil_pretrain` (60 s)." in text
+
+
+def test_a_curve_without_y_reports_no_pretraining_and_writes_pages_only_when_asked(monkeypatch, tmp_path, capsys):
+    def fake_train(overrides, run_dir, log_name):
+        assert not any(o.startswith("model.encoder.ckpt") for o in overrides) and log_name == "N.log"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "test_metrics.json").write_text(json.dumps({"test/pmr": 0.5, "test/acc": 0.6, "test/tau": 0.1}))
+
+    monkeypatch.setattr(le, "_train", fake_train)
+    monkeypatch.setattr(le, "run_splits", lambda run_dir: {"test": procedures(3)})
+    monkeypatch.setattr(le, "machine", lambda: "cpu")
+    monkeypatch.chdir(tmp_path)
+    committed = le.ROOT / "docs" / "results" / "label_efficiency" / "hard.md"
+    before = committed.read_bytes()
+    assert le.main(["--world", "hard", "--ks", "8", "--seeds", "1", "2", "--arms", "N", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "| 8 | N | 50.00 ± 0.00 | 50.00, 50.00 |" in out and "Pretraining" not in out and "pretraining" not in out
+    assert "CPU time of the curve: 0 min (2 fine-tuning runs)." in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # no results page anywhere
+    assert committed.read_bytes() == before   # a toy run leaves the committed page alone
+    assert le.main(["--world", "hard", "--ks", "8", "--seeds", "1", "--arms", "N", "--out", str(tmp_path / "o"),
+                    "--results", str(tmp_path / "pages")]) == 0
+    assert sorted(p.name for p in (tmp_path / "pages").iterdir()) == ["hard.md", "hard.png"]
 
 
 def test_worlds_use_the_same_budget_for_n_and_y_and_keep_the_test_split_out_of_pretraining():
