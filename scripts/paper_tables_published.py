@@ -31,8 +31,10 @@ def iso_unparsable_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Which rule for unparsable replies each published ISO-Bench Table 1 row is consistent with
     (:func:`seqaware.metrics.iso.unparsable_consistency`): App. H excludes them, but a row whose NONDEP
     recall is below what its other three per-class figures imply under exclusion can only come from
-    counting them wrong."""
-    groups: dict[str, list[str]] = {"exclude": [], "wrong": [], "neither": []}
+    counting them wrong -- unless one of those four figures is flagged as a likely misprint
+    (``flags`` in configs/paper_results.yaml): such a row is listed apart, not counted for either rule."""
+    groups: dict[str, list[str]] = {"exclude": [], "wrong": [], "neither": [], "flagged": []}
+    read = ("dep.p", "dep.r", "nondep.p", "nondep.r")
     for row in rows:
         dep, nondep = row.get("dep") or {}, row.get("nondep") or {}
         if not all(isinstance(_number(v.get(k)), float) for v in (dep, nondep) for k in ("p", "r")):
@@ -41,10 +43,14 @@ def iso_unparsable_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         name = _row_name(SPECS[("iso_bench", "Table 1")], row)
         if check["exclude"]:
             groups["exclude"].append(name)
+            continue
+        lo, hi = check["implied_recall_NONDEP"]
+        detail = f"R NONDEP {nondep['r']:.2f}; excluding them implies {lo:.2f}-{hi:.2f}"
+        doubted = [cell for cell in read if any(str(f).split()[0] == cell for f in row.get("flags") or ())]
+        if doubted:
+            groups["flagged"].append(f"{name} ({detail}; {', '.join(doubted)} flagged)")
         else:
-            lo, hi = check["implied_recall_NONDEP"]
-            groups["wrong" if check["wrong"] else "neither"].append(
-                f"{name} (R NONDEP {nondep['r']:.2f}; excluding them implies {lo:.2f}-{hi:.2f})")
+            groups["wrong" if check["wrong"] else "neither"].append(f"{name} ({detail})")
     notes = ["Unparsable replies (App. H: excluded from the scores). From each row's DEP P, DEP R and NONDEP P, "
              "excluding them fixes NONDEP R; counting them wrong can only lower it "
              "(seqaware.metrics.iso.unparsable_consistency, within the printed rounding):"]
@@ -52,6 +58,8 @@ def iso_unparsable_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     notes.append("only with counting them wrong (unparsable=wrong): " + (", ".join(groups["wrong"]) or "none"))
     if groups["neither"]:
         notes.append("with neither: " + ", ".join(groups["neither"]))
+    if groups["flagged"]:
+        notes.append("misfit through a figure flagged as misprinted (neither rule counted): " + ", ".join(groups["flagged"]))
     return notes
 
 

@@ -197,14 +197,16 @@ def test_iso_unparsable_notes_say_none_for_an_empty_group():
 def test_iso_published_unparsable_notes_printed_exactly():
     lines = pt.main([]).splitlines()
     i = lines.index(f"- {HEAD}")
-    assert lines[i + 1:i + 3] == [
+    assert lines[i + 1:i + 4] == [
         "- consistent with excluding them (App. H): DeepSeek-VL2 E->A, DeepSeek-VL2 A, Llava-1.5 E->A, Llava-1.5 A, "
         "Qwen2.5-VL A, PaliGemma2 E->A, Llama-3.2 A, 4o-mini E->A, 4o-mini A, 4o E->A, 4o A, Sonnet E->A, o3 E->A, "
         "o4-mini E->A, Human -",
         "- only with counting them wrong (unparsable=wrong): Qwen2.5-VL E->A (R NONDEP 0.26; excluding them implies "
-        "0.70-0.72), PaliGemma2 A (R NONDEP 0.87; excluding them implies 0.89-0.90), Llama-3.2 E->A (R NONDEP 0.13; "
-        "excluding them implies 0.35-0.39), Sonnet A (R NONDEP 0.27; excluding them implies 0.46-0.49)"]
-    assert lines[i + 3] == ""                                # no row fits neither rule
+        "0.70-0.72), Llama-3.2 E->A (R NONDEP 0.13; excluding them implies 0.35-0.39), Sonnet A (R NONDEP 0.27; "
+        "excluding them implies 0.46-0.49)",
+        "- misfit through a figure flagged as misprinted (neither rule counted): PaliGemma2 A (R NONDEP 0.87; "
+        "excluding them implies 0.89-0.90; nondep.p flagged)"]
+    assert lines[i + 4] == ""                                # no row fits neither rule
 
 
 # ---------------------------------------------------------------- layouts of small tables, exactly

@@ -222,8 +222,9 @@ class SwapClassificationObjective(Objective):
         return torch.tensor(labels.shape[0], device=labels.device)
 
     def chance(self, stats: dict[str, float]) -> Optional[float]:
-        """The better constant answer's accuracy: ``max(p, 1 - p)``, p the split's share of swapped
-        sequences (about ``delta``)."""
+        """The better constant answer's accuracy: ``max(p, 1 - p)``, p the split's measured share of swapped
+        sequences: ``delta`` times the share of sequences that can be swapped at all (two steps with an image for
+        ISP, two text steps for SOP), so below ``delta`` when some cannot."""
         return max(stats["swapped"], 1.0 - stats["swapped"]) if "swapped" in stats else None
 
     @torch.no_grad()
