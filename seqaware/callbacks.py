@@ -84,6 +84,12 @@ class Preemption(pl.Callback):
 
     SIGTERM is caught by Lightning itself; the other ``signals`` are routed to the same flag (so
     under DDP every rank stops at the same batch).
+
+    Before training, from ``setup`` on (the module's own ``setup`` may run for long: the closure head's
+    cross-validation), Lightning's handlers are not in place yet and a signal would kill the process with
+    ``run.json`` left ``running``: there the ``signals`` raise Lightning's ``SIGTERMException`` at once, which
+    ``train.py`` records as ``interrupted`` (exit 128 + the signal). Nothing is trained yet, so no checkpoint
+    is saved; the same command starts again.
     """
 
     def __init__(self, dirpath: str, filename: str = "last", signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")):
@@ -93,6 +99,7 @@ class Preemption(pl.Callback):
         self.received: int | None = None
         self.saved_path: Path | None = None
         self._previous: dict[int, object] = {}
+        self._before_training = False
 
     @property
     def path(self) -> Path:
@@ -105,7 +112,25 @@ class Preemption(pl.Callback):
             trainer._signal_connector.received_sigterm = True  # Lightning's stop flag (broadcast to ranks)
         return handle
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Until ``on_fit_start``: a signal stops the run (``SIGTERMException``), see the class docstring."""
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return
+        self._before_training = True
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._stop_before_training)
+
+    def _stop_before_training(self, signum, frame) -> None:
+        from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+        self.received = signum
+        log.warning("received signal %d before training started (setup): stopping; nothing was trained, so no "
+                    "checkpoint is saved", signum)
+        raise SIGTERMException()
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_handlers()  # those of setup; Lightning's own come next, the ones below chained to them
+        self._before_training = False
         # Lightning warns that a mid-epoch resume repeats data; on_train_start below prevents that
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
         if threading.current_thread() is not threading.main_thread():
@@ -146,7 +171,7 @@ class Preemption(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore_handlers()
-        if type(exception).__name__ != "SIGTERMException" or trainer.state.fn != "fit":
+        if type(exception).__name__ != "SIGTERMException" or trainer.state.fn != "fit" or self._before_training:
             return
         if self.received is None:
             self.received = int(signal.SIGTERM)

@@ -521,3 +521,124 @@ def test_fine_tuning_settings_are_checked():
                                          r"features 'encoder' alone; got model.cv_grid\[1\].features='encoder\+mpnet'$"):
         TeoClosureHeadModule(encoder, optimizer, encoder_lr=2e-5, extra_features={"mpnet": "offline:mpnet"},
                              cv_grid=[{}, {"features": "encoder+mpnet"}])
+
+
+# ---------------------------------------------------------------- progress of the cross-validation, and SIGTERM in it
+def _tiny_catbench(tmp_path, *extra: str) -> list[str]:
+    from conftest import TINY_BERT
+
+    return ["experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
+            f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}", "~data.extra_eval_paths.all_pairs",
+            "data.rfg_path=null", "data.cv_folds=3", f"model.encoder.config={TINY_BERT}", "model.members=1",
+            "model.encoder_lr=1e-2", *extra]          # hparams=catbench_finetune's path: the encoder fine-tunes in every fit
+
+
+def test_cross_validation_logs_each_fit_with_a_forecast_for_the_rest(compose_train, tmp_path, monkeypatch, caplog):
+    """One line per fit as it ends (3 folds x 2 settings; the blend-only third setting shares the second's fits),
+    on a clock that advances 1.5 s a reading: every fit takes 1.5 s, and the rest is forecast at that pace."""
+    import logging
+
+    import train
+    from seqaware.modules.teo_closure_selection import CVProgress
+
+    readings = iter(range(10 ** 6))
+    monkeypatch.setattr(CVProgress, "clock", staticmethod(lambda: 1.5 * next(readings)))
+    cfg = compose_train(*_tiny_catbench(tmp_path, "trainer.max_epochs=2",
+                                        "model.cv_grid=[{closure: max},{closure: none},{closure: none, blend: 0.5}]"))
+    datamodule, model, trainer = train.build(cfg)
+    with caplog.at_level(logging.INFO, logger="seqaware.modules.teo_closure_selection"):
+        trainer.fit(model, datamodule=datamodule)
+    lines = [r.getMessage() for r in caplog.records if r.name == "seqaware.modules.teo_closure_selection"]
+    assert lines == [
+        "cross-validation: 3 setting(s) x 3 fold(s): 6 fits of 2 steps (settings that differ only in blend share theirs)",
+        "fold 1/3 of setting 1/3 took 1.5 s; forecast 0.1 min for the rest (5 fits)",
+        "fold 1/3 of setting 2/3 took 1.5 s; forecast 0.1 min for the rest (4 fits)",
+        "fold 2/3 of setting 1/3 took 1.5 s; forecast 0.1 min for the rest (3 fits)",
+        "fold 2/3 of setting 2/3 took 1.5 s; forecast 0.1 min for the rest (2 fits)",
+        "fold 3/3 of setting 1/3 took 1.5 s; forecast 0.0 min for the rest (1 fit)",
+        "fold 3/3 of setting 2/3 took 1.5 s; cross-validation fits done"]
+
+
+def test_progress_names_repetitions_and_forecasts_from_the_mean_fit_time(monkeypatch, caplog):
+    import logging
+
+    from seqaware.modules.teo_closure_selection import CVProgress
+
+    times = iter([0.0, 10.0, 10.0, 40.0])            # __init__ (the first fit's start), fitted; start, fitted
+    monkeypatch.setattr(CVProgress, "clock", staticmethod(lambda: next(times)))
+    with caplog.at_level(logging.INFO, logger="seqaware.modules.teo_closure_selection"):
+        progress = CVProgress(settings=2, folds=[5, 5], fits_per_fold=2, steps=100)
+        assert progress.fitted(1, 0, 0) == ("fold 1/5 of repetition 1/2 of setting 2/2 took 10.0 s; forecast 3.2 min "
+                                            "for the rest (19 fits)")
+        progress.start()
+        assert progress.fitted(0, 4, 1) == ("fold 5/5 of repetition 2/2 of setting 1/2 took 30.0 s; forecast 6.0 min "
+                                            "for the rest (18 fits)")
+    assert caplog.messages[0] == "cross-validation: 2 setting(s) x 10 fold(s) over 2 repetitions: 20 fits of 100 steps"
+
+
+def test_a_signal_in_setup_stops_the_run_interrupted_in_process(compose_train, tmp_path, monkeypatch, capsys):
+    """train.run as train.py runs it: SIGTERM (sent by the second cross-validation fit to its own process) raises
+    Lightning's SIGTERMException there; run.json says interrupted, signal 15, no checkpoint; no more fits run, and
+    the process's own handlers are back afterwards."""
+    import os
+    import signal
+
+    import train
+    from seqaware import runs
+    from seqaware.modules.teo_closure_head import TeoClosureHeadModule
+
+    fits = []
+    real_fit = TeoClosureHeadModule._fit_tuned
+
+    def fit_then_signal(self, *args, **kwargs):
+        fits.append(len(fits))
+        out = real_fit(self, *args, **kwargs)
+        if len(fits) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(TeoClosureHeadModule, "_fit_tuned", fit_then_signal)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
+    cfg = compose_train(*_tiny_catbench(tmp_path, "trainer.max_epochs=2", "model.cv_grid=[{closure: max},{closure: none}]"))
+    with pytest.raises(SystemExit) as stop:
+        train.run(cfg)
+    assert stop.value.code == 128 + 15 and len(fits) == 2
+    state = runs.read_state(cfg.paths.output_dir)
+    assert (state["status"], state["signal"], state["checkpoint"]) == ("interrupted", 15, None)
+    assert not (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").exists()
+    assert "interrupted by signal 15; no checkpoint was saved" in capsys.readouterr().err
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before
+
+
+@pytest.mark.slow  # a train.py process: about 8 s of CPU
+def test_sigterm_during_the_cross_validation_leaves_the_run_interrupted(tmp_path, cache_dir):
+    """The cross-validation runs in setup, before Lightning's signal handling: a SIGTERM there (sent once the first
+    fit's progress line is out) stops the run at once with exit 143 and run.json ``interrupted`` (signal 15, no
+    checkpoint: nothing trained yet), not a dead process whose run.json still says ``running``."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(root / "train.py"),
+               *_tiny_catbench(tmp_path, "trainer.max_epochs=60", "model.cv_grid=[{closure: max},{closure: none}]"),
+               f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "callbacks.progress_bar.refresh_rate=0"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out = []
+    for line in child.stdout:
+        out.append(line)
+        if "fold 1/3 of setting 1/2 took" in line:
+            child.send_signal(signal.SIGTERM)
+            break
+    out.append(child.communicate(timeout=300)[0])
+    text = "".join(out)
+    assert child.returncode == 128 + 15, text[-3000:]
+    state = json.loads((run_dir / "run.json").read_text())
+    assert (state["status"], state["signal"], state["checkpoint"]) == ("interrupted", 15, None)
+    assert "received signal 15 before training started (setup): stopping; nothing was trained, so no checkpoint is " \
+           "saved" in text
+    assert "interrupted by signal 15; no checkpoint was saved" in text
+    assert "fold 3/3" not in text and not (run_dir / "checkpoints" / "last.ckpt").exists()

@@ -55,7 +55,8 @@ the best mean ``cv_metric`` over folds wins; ``threshold: cv`` then takes the th
 its out-of-fold probabilities (a number fixes it).  The module is rebuilt with that setting and the
 fit trains it on all training plans.  The table (mean and spread over folds of every setting, the
 logistic-regression baseline included) is logged and written to ``cv_file``, and the winner's row is
-logged with the test metrics (``test/cv_*``).
+logged with the test metrics (``test/cv_*``).  Each fit logs its time and a forecast for the rest
+(:class:`~seqaware.modules.teo_closure_selection.CVProgress`); a SIGTERM stops it (``callbacks.preemption``).
 
 **Logistic-regression baseline** (``logistic_baseline: true``): scikit-learn's
 ``LogisticRegression`` on the same frozen embeddings of the *presented* pair ``(u, v)``: ``e_u, e_v,
@@ -102,7 +103,7 @@ from seqaware.modules.teo_closure_network import (ANAPHOR, CLOSURES, HEAD_KEYS, 
                                                   STOPWORDS, ClosureEnsemble, MemberLinear, content_words,
                                                   lexical_pair_features, max_product_closure, pair_features,
                                                   plan_tensors)
-from seqaware.modules.teo_closure_selection import CV_METRICS, cpu_threads, fold_scores, summarise
+from seqaware.modules.teo_closure_selection import CV_METRICS, CVProgress, cpu_threads, fold_scores, summarise
 from seqaware.pretrained import load_tokenizer
 
 __all__ = ["ANAPHOR", "CLOSURES", "CV_METRICS", "ENCODER_FEATURES", "HEAD_KEYS", "LR_ROW", "MODEL_ROW",
@@ -440,10 +441,12 @@ class TeoClosureHeadModule(SeqawareModule):
         names += [LR_ROW] if self.hparams.logistic_baseline else []
         for name in names:
             oof[name] = []
-        for r in range(repeats):
-            folds = sorted({p["folds"][r] for p in plans if p["folds"][r] >= 0})
+        keys = [repr(sorted((k, v) for k, v in s.items() if k != "blend")) for s in settings]  # blend-only: one fit
+        fold_sets = [sorted({p["folds"][r] for p in plans if p["folds"][r] >= 0}) for r in range(repeats)]
+        progress = CVProgress(len(settings), [len(f) for f in fold_sets], len(set(keys)), steps)
+        for r, folds in enumerate(fold_sets):
             per_fold: dict[str, list[tuple[list[str], np.ndarray]]] = {name: [] for name in names}
-            for fold in folds:
+            for f, fold in enumerate(folds):
                 train = [i for i, p in enumerate(plans) if p["folds"][r] != fold]
                 held = [i for i, p in enumerate(plans) if p["folds"][r] == fold and p.get("source") != "rfg"]
                 gold = [y for i in held for _, _, y in plans[i]["labels"]]
@@ -457,9 +460,9 @@ class TeoClosureHeadModule(SeqawareModule):
                                                for p, e in zip(held_plans, held_emb)])
                     per_fold[LR_ROW].append((gold, lr_probs))
                 heads: dict[str, np.ndarray] = {}  # settings that differ only in blend share their heads
-                for s, setting in enumerate(settings):
-                    key = repr(sorted((k, v) for k, v in setting.items() if k != "blend"))
+                for s, (setting, key) in enumerate(zip(settings, keys)):
                     if key not in heads:
+                        progress.start()
                         fit_seed = seed + 1000 * r + 10 * fold + s
                         if self.finetune:
                             ensemble, encoder = self._fit_tuned(setting, tr_plans, steps, fit_seed)
@@ -468,6 +471,7 @@ class TeoClosureHeadModule(SeqawareModule):
                             fit_emb, test_emb = own[setting["features"]]
                             ensemble = self._fit_heads(setting, tr_plans, fit_emb, steps, fit_seed)
                         heads[key] = self._predict(ensemble, held_plans, test_emb)
+                        progress.fitted(s, f, r)
                     per_fold[names[s]].append((gold, blend_probs(heads[key], lr_probs, float(setting.get("blend", 0.0)))))
             for name in names:
                 if name == LR_ROW:  # the baseline answers at 0.5, as it does on the test questions
