@@ -31,6 +31,7 @@ from typing import Any, Iterable
 import torch
 
 from seqaware.pretrained import from_pretrained
+from seqaware.vlm.trainable import apply_lora, apply_train_parts  # noqa: F401  (their home before per-part training)
 
 log = logging.getLogger(__name__)
 
@@ -58,27 +59,6 @@ IMAGE_SPECIAL_TOKENS = {
     "video_token": "<video>",
 }
 SPECIAL_TOKENS = [PAD_TOKEN, "<|im_start|>", EOS_TOKEN, *IMAGE_SPECIAL_TOKENS.values()]
-
-# attention projections (query, key, value, output) of the language model, by its model type
-ATTENTION_PROJECTIONS = {"bert": r"(query|key|value|attention\.output\.dense)"}
-DEFAULT_ATTENTION_PROJECTIONS = r"(q_proj|k_proj|v_proj|o_proj)"  # Qwen2/Qwen3/Llama-style decoders
-VISION_ATTENTION = r"vision_tower.*\.(q_proj|k_proj|v_proj|projection_layer)"
-LORA_TARGETS = ("language", "language_vision", "all_linear")
-"""``language``: the LM's attention projections (the MATEO recipe); ``language_vision``: + the vision
-tower's attention projections; ``all_linear``: every linear layer except the output head (peft's "all-linear")."""
-
-
-def lora_target_modules(target: str, text_model_type: str = "qwen3") -> str:
-    """PEFT ``target_modules`` (a regex, or ``all-linear``) for ``model.lora.target``."""
-    if target not in LORA_TARGETS:
-        raise ValueError(f"model.lora.target must be one of {sorted(LORA_TARGETS)}, got {target!r}")
-    if target == "all_linear":
-        return "all-linear"
-    language = rf"language_model.*\.{ATTENTION_PROJECTIONS.get(text_model_type, DEFAULT_ATTENTION_PROJECTIONS)}"
-    if target == "language":
-        return rf".*{language}"
-    return rf".*({language}|{VISION_ATTENTION})"
-
 
 # the tiny architecture (see ENVIRONMENT.md: forward+backward in ~0.1 s on a CPU)
 TINY_IMAGE_SIZE = 56
@@ -381,40 +361,3 @@ def answer_loss(model: Any, inputs: dict[str, torch.Tensor], labels: torch.Tenso
     keep = targets != ignore_index
     logits = base.lm_head(hidden[:, :-1][keep])
     return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
-
-
-def apply_lora(base: Any, lora: dict | None = None) -> Any:
-    """``base`` wrapped by PEFT LoRA: ``{r: 16, alpha: 32, dropout: 0.05, target: language, bias: none}``.
-
-    Only the adapter weights are trainable; they are kept in float32 even on a bfloat16 base
-    (``autocast_adapter_dtype``), autocast then runs the mixed matmuls. Under autocast the adapters
-    take their input as it comes (:func:`_cast_input_unless_autocast`).
-    """
-    import types
-
-    from peft import LoraConfig, get_peft_model
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    lora = dict(lora or {})
-    targets = lora_target_modules(lora.get("target", "language"), base.config.text_config.model_type)
-    config = LoraConfig(r=int(lora.get("r", 16)), lora_alpha=int(lora.get("alpha", 32)),
-                        lora_dropout=float(lora.get("dropout", 0.05)), bias=lora.get("bias", "none"),
-                        target_modules=targets)
-    model = get_peft_model(base, config, autocast_adapter_dtype=True)
-    for module in model.modules():
-        if isinstance(module, BaseTunerLayer) and hasattr(module, "_cast_input_dtype"):
-            module._cast_input_dtype = types.MethodType(_cast_input_unless_autocast, module)
-    return model
-
-
-def _cast_input_unless_autocast(layer: Any, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """PEFT casts a LoRA layer's input to the adapter's dtype: a bfloat16 activation becomes a float32 copy,
-    dropout runs on it in float32 and autocast casts it back to bfloat16 for the adapter's matmul. Under
-    autocast the round trip is skipped: without dropout (eval, or ``dropout: 0``) the matmul sees exactly the
-    same values (bfloat16 -> float32 -> bfloat16 is exact; tests/test_teo_lora.py checks loss and gradients bit
-    for bit); with dropout the rescaled values are rounded once instead of twice. On one H200 this removed 864
-    of the 3,608 copy kernels of an InternVL3.5-8B LoRA step at batch 8 (137 -> 80 ms of copies), and the
-    step got 8% faster (docs/results/performance.md). Without autocast PEFT's cast is kept (the matmul needs matching dtypes)."""
-    if torch.is_autocast_enabled(x.device.type):
-        return x
-    return type(layer)._cast_input_dtype(layer, x, dtype)
