@@ -40,6 +40,7 @@ from data_modules.sampling import KeyedList, SplitLoaders, epoch_loader
 from data_modules.tasks.teo import (stratified_split, teo_class_counts, teo_eval_sets, teo_options, teo_training_pairs,
                                    twin_presentations)
 from seqaware.procedure import Procedure, ProcedureFormatError, resolve_path
+from seqaware.vlm.inputs import DEFAULT_IMAGE_TILES, check_image_tiles, tiling_kwargs
 from seqaware.vlm.prompts import (MODALITIES, QUESTION_STRATEGIES, TEO_TARGET_FORMATS, build_teo_finetune_prompt,
                                   build_teo_prompt, teo_answer)
 
@@ -62,7 +63,8 @@ def pair_length(pair: dict[str, Any], modality: str) -> int:
     """A length proxy for bucketing: characters of the shown step texts (+ a fixed cost per image).
 
     The prompt template is the same for every pair, so the variable part of the sequence length is
-    the step descriptions (text modalities) and the number of shown images (one tile each).
+    the step descriptions (text modalities) and the number of shown images (a fixed cost each: the
+    tiles an image gets depend on its aspect ratio, and the images of a data set mostly share one).
     """
     length = 0
     if modality in ("text", "image_text"):
@@ -104,12 +106,15 @@ class TeoChatCollator:
         max_length: optional cap on the sequence length; a longer example raises a clear error
             (truncating would cut the answer).
         prompts_dir: folder of the prompt YAML files (default ``configs/prompts``).
+        image_tiles: at most this many tiles per image (:mod:`seqaware.vlm.inputs`: 1 = one tile,
+            12 = InternVL's dynamic tiling + a thumbnail, the default), passed to the processor on every call.
     """
 
     def __init__(self, processor: Any, modality: str = "image_text", strategy: str = "instructions",
                  train: bool = True, max_length: int | None = None, prompts_dir: str | None = None,
-                 prompt: str = "finetune", target_format: str = "mateo"):
+                 prompt: str = "finetune", target_format: str = "mateo", image_tiles: int = DEFAULT_IMAGE_TILES):
         check_prompt_options(modality, strategy, prompt, target_format)
+        self.image_tiles = check_image_tiles(image_tiles)
         self.processor = processor
         self.modality, self.strategy, self.train = modality, strategy, train
         self.prompt, self.target_format = prompt, target_format
@@ -150,7 +155,7 @@ class TeoChatCollator:
 
     def _encode(self, texts: list[str], images: list[Any], padding_side: str) -> dict[str, torch.Tensor]:
         out = self.processor(text=texts, images=images or None, padding=True, padding_side=padding_side,
-                             return_tensors="pt", images_kwargs={"crop_to_patches": False})
+                             return_tensors="pt", images_kwargs=tiling_kwargs(self.image_tiles))
         batch = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
         if self.max_length is not None and batch["input_ids"].shape[1] > self.max_length:
             raise ValueError(f"a TEO example has {batch['input_ids'].shape[1]} tokens > data.max_length={self.max_length}")
@@ -204,6 +209,8 @@ class TeoPairsDataModule(SplitLoaders, pl.LightningDataModule):
         strategy: the prompt strategy (``instructions``; with ``prompt=eval`` any Yes/No strategy).
         prompt: ``finetune`` (MATEO Table 6, default) | ``eval`` (Table 5 prompt of ``strategy``).
         target_format: ``mateo`` (Table 6 answer lines, default) | ``short`` (``Q1: Yes`` ...).
+        image_tiles: at most this many tiles per image (:mod:`seqaware.vlm.inputs`; default 12, InternVL's
+            dynamic tiling + a thumbnail; 1: each image resized to one tile).
         resplit: optional ``[train, val, test]`` fractions: pool all procedures and re-split them with
             :func:`~data_modules.tasks.teo.stratified_split` (stratified by number of steps).
         batch_size / eval_batch_size: micro-batch sizes (training / generation).
@@ -230,9 +237,10 @@ class TeoPairsDataModule(SplitLoaders, pl.LightningDataModule):
                  train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
                  prompts_dir: str | None = None, prompt: str = "finetune", target_format: str = "mateo",
                  allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None,
-                 teo: Mapping[str, Any] | None = None):
+                 teo: Mapping[str, Any] | None = None, image_tiles: int = DEFAULT_IMAGE_TILES):
         super().__init__()
         check_prompt_options(modality, strategy, prompt, target_format)
+        self.image_tiles = check_image_tiles(image_tiles)
         self.pair_rule = teo_options(teo)
         self.prompt, self.target_format = prompt, target_format
         self.image_checks = {"allow_outside": allow_outside_images, "cache_dir": image_check_cache,
@@ -267,7 +275,8 @@ class TeoPairsDataModule(SplitLoaders, pl.LightningDataModule):
 
     def collator(self, train: bool) -> TeoChatCollator:
         return TeoChatCollator(self.processor, self.modality, self.strategy, train=train, max_length=self.max_length,
-                               prompts_dir=self.prompts_dir, prompt=self.prompt, target_format=self.target_format)
+                               prompts_dir=self.prompts_dir, prompt=self.prompt, target_format=self.target_format,
+                               image_tiles=self.image_tiles)
 
     def _read_source(self) -> dict[str, list[Procedure]]:
         return self.source(**self.source_paths)

@@ -4,6 +4,13 @@
     python scripts/eval_teo.py --model OpenGVLab/InternVL3_5-8B-HF --procedures data/mateo/test.jsonl
     python scripts/eval_teo.py --model /models/qwen2.5-vl-7b --synthetic --strategies baseline,cot --modalities image
     python scripts/eval_teo.py --model /models/x --procedures p.jsonl --tasks teo,iso,coherence --set iso.ks=[2,3]
+    python scripts/eval_teo.py --model logs/teo_lora_internvl/runs/RUN/adapter --procedures data/mateo/test.jsonl
+
+A fine-tuned TEO model: ``--model RUN/adapter`` (the LoRA adapter, loaded on its base model) or
+``RUN/adapter/merged`` (the merged model, ``model.merge_adapter=true``). Their ``seqaware_inputs.json``
+gives the defaults of ``--prompt`` (the prompt it was trained on: ``finetune``, MATEO Table 6) and
+``--image-tiles`` (the tiling it was trained on), so the inputs are built as in training and its
+in-training test.
 
 Defaults come from ``configs/eval/teo.yaml`` (``--config`` another file; ``--set key=value`` any
 dotted key). TEO pairs are built with ``data_modules.tasks.teo.teo_eval_sets`` from the procedures
@@ -30,8 +37,10 @@ from data_modules.tasks.coherence import coherence_instances  # noqa: E402
 from data_modules.tasks.iso import iso_instances  # noqa: E402
 from data_modules.tasks.teo import teo_eval_sets, teo_options  # noqa: E402
 from seqaware.procedure import Procedure, read_procedures  # noqa: E402
+from seqaware.vlm.inputs import read_record  # noqa: E402
 from seqaware.vlm.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES  # noqa: E402
 from seqaware.vlm.protocols import evaluate_coherence, evaluate_iso, evaluate_teo  # noqa: E402
+from seqaware.vlm.protocols.teo import PROMPTS  # noqa: E402
 from seqaware.vlm.runner import OutputCache, load_hf_generator, slug, write_result  # noqa: E402
 
 log = logging.getLogger("eval_teo")
@@ -63,6 +72,10 @@ def parse_config(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--strategies", help="TEO strategies, comma-separated or all")
     parser.add_argument("--modalities", help="TEO modalities, comma-separated or all")
     parser.add_argument("--iso-strategies", dest="iso_strategies", help="answer_only,explain")
+    parser.add_argument("--prompt", choices=PROMPTS, help="TEO prompts: eval (Table 5, per strategy) or finetune "
+                        "(Table 6, the LoRA recipe's; instructions only); default: the --model folder's training prompt, else eval")
+    parser.add_argument("--image-tiles", dest="image_tiles", type=int,
+                        help="most tiles per image (InternVL processors); default: the --model folder's, else the processor's")
     parser.add_argument("--batch-size", dest="batch_size", type=int)
     parser.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     parser.add_argument("--limit", type=int, help="at most this many procedures")
@@ -127,15 +140,35 @@ def load_procedures(cfg: Any) -> tuple[list[Procedure], Path]:
     return procedures, files[0].parent
 
 
+def model_inputs(cfg: Any) -> tuple[str, int | None, list[str]]:
+    """``(prompt, image_tiles, strategies)``: the config's, with ``null`` taken from the ``--model`` folder's
+    ``seqaware_inputs.json`` (a fine-tuned TEO model), else ``eval`` / the processor's default tiling. The
+    ``finetune`` prompt is one prompt, read as the ``instructions`` strategy: the strategies become that one."""
+    record = read_record(cfg.model) if Path(str(cfg.model)).is_dir() else None
+    record = record or {}
+    prompt = cfg.get("prompt") or record.get("prompt") or "eval"
+    if prompt not in PROMPTS:
+        raise SystemExit(f"prompt must be one of {', '.join(PROMPTS)}, got {prompt!r}")
+    tiles = cfg.get("image_tiles")
+    tiles = record.get("image_tiles") if tiles is None else int(tiles)
+    strategies = list(cfg.strategies)
+    if prompt == "finetune" and strategies != ["instructions"]:
+        log.info("prompt=finetune (MATEO Table 6) is read as strategy instructions: not asking %s",
+                 ", ".join(s for s in strategies if s != "instructions") or "-")
+        strategies = ["instructions"]
+    return prompt, tiles, strategies
+
+
 def run(cfg: Any, generate: Callable | None = None, signature: str | None = None) -> list[dict[str, Any]]:
     """Evaluate every requested (task, strategy, modality); returns the results (also written to disk).
 
     ``generate`` replaces the Hugging Face model (tests); ``signature`` then names the fake model.
     """
     procedures, root = load_procedures(cfg)
+    prompt, image_tiles, strategies = model_inputs(cfg)
     if generate is None:
         generator = load_hf_generator(cfg.model, max_new_tokens=cfg.max_new_tokens, dtype=cfg.dtype, device=cfg.device,
-                                      trust_remote_code=cfg.trust_remote_code)
+                                      trust_remote_code=cfg.trust_remote_code, image_tiles=image_tiles)
         generate, signature = generator, generator.signature
     signature = signature or f"{cfg.model}|max_new_tokens={cfg.max_new_tokens}"
     out_dir = Path(cfg.out_dir) / slug(cfg.model)
@@ -148,10 +181,10 @@ def run(cfg: Any, generate: Callable | None = None, signature: str | None = None
         if not eval_sets["original"]:
             raise SystemExit("no TEO pairs: the selected procedures have no dependency DAG")
         log.info("TEO: %d pairs x 2 presentations", len(eval_sets["original"]))
-        for strategy in cfg.strategies:
+        for strategy in strategies:
             for modality in cfg.modalities:
                 results.append(evaluate_teo(eval_sets, strategy=strategy, modality=modality,
-                                            variant=cfg.prompts.teo.variant, **common))
+                                            variant=cfg.prompts.teo.variant, prompt=prompt, **common))
     if "iso" in cfg.tasks:
         iso_cfg = OmegaConf.to_container(cfg.iso)
         instances = [inst for p in procedures for inst in iso_instances(p, **iso_cfg)]
@@ -165,6 +198,7 @@ def run(cfg: Any, generate: Callable | None = None, signature: str | None = None
         log.info("COHERENCE: %d instances", len(instances))
         results.append(evaluate_coherence(instances, **common))
     for result in results:
+        result["image_tiles"] = image_tiles  # None: the processor's own default
         paths = write_result(result, out_dir)
         print(f"\n## {result['task']} | {result['strategy']} | {result['modality']}  ({paths['md']})\n{result['table']}")
         if result.get("reflection"):

@@ -50,7 +50,7 @@ def test_labels_are_the_answer_tokens_only(teo_dm):
                "after": "Q1: The answer is: No.\nQ2: The answer is: Yes.\nQ3: The answer is: No.",
                "independent": "Q1: The answer is: No.\nQ2: The answer is: No.\nQ3: The answer is: Yes."}
     ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
-    assert batch["pixel_values"].shape[0] == 2 * ids.shape[0]  # one 56-px tile per step image
+    assert batch["pixel_values"].shape[0] == 2 * ids.shape[0]  # 64-px pictures: one 56-px tile each (too small for a grid)
     for row, pair in enumerate(batch["pairs"]):
         # independent check: the prompt alone, tokenised by the processor, is the unlabelled prefix
         prompt_msgs = collator.messages(pair, with_answer=False)

@@ -6,10 +6,12 @@ pretrained MiniLM decoder; anything else -> the real checkpoint through
 :func:`seqaware.vlm.models.load_internvl`), wrapped with PEFT LoRA, and trained with the causal LM loss
 on the answer tokens only (the data module puts ``-100`` everywhere else).
 
-* LoRA (r 16, alpha 32 by default) on the language model's q/k/v/o projections only
-  (``lora.target: language``); ``language_vision`` adds the vision tower's attention projections,
-  ``all_linear`` every linear layer but the output head. Everything else (vision tower, projector,
-  embeddings, MLPs) stays frozen.
+* What trains: ``train_parts`` sets each part (vision tower, projector, language model) to ``frozen``,
+  ``lora`` or ``full`` and ``lora.layers`` which Linear layers of a ``lora`` part get adapters
+  (:mod:`seqaware.vlm.trainable`). Default: LoRA (r 16, alpha 32) on the language model's q/k/v/o
+  projections only (MATEO appendix A.1), everything else frozen. The old ``lora.target`` bundles
+  (``language``, ``language_vision``, ``all_linear``) are read as the parts they meant.
+* Images are cut into at most ``image_tiles`` tiles (``data.image_tiles``; :mod:`seqaware.vlm.inputs`).
 * Validation / test: greedy generation on the original + swapped pairs, parsed with
   :func:`seqaware.vlm.parser.parse_teo_answer`, scored with :func:`seqaware.metrics.teo.teo_report` and
   logged as ``val/teo_consistency_accuracy``, ``val/teo_macro_f1``, ... (``test/...``).
@@ -18,8 +20,11 @@ on the answer tokens only (the data module puts ``-100`` everywhere else).
   a few tens of MB, not 16 GB.
 * At the end of ``fit`` the adapter is written in PEFT format to ``adapter_dir`` (default: the run
   folder's ``adapter/``; loadable with ``PeftModel.from_pretrained``), from the best checkpoint of
-  the monitored ``ModelCheckpoint`` when there is one, else from the final weights. With
-  ``merge_adapter: true`` the merged full model (+ processor) also goes to ``adapter_dir/merged``.
+  the monitored ``ModelCheckpoint`` when there is one, else from the final weights, with the processor
+  and ``seqaware_inputs.json`` (the tiling, the training prompt, the base model), so that
+  ``scripts/eval_teo.py --model <adapter_dir>`` builds the inputs training built. With
+  ``merge_adapter: true`` the merged full model (+ processor + record) also goes to ``adapter_dir/merged``.
+  With no ``lora`` part there is no adapter: the trained model is saved whole to ``adapter_dir``.
 """
 from __future__ import annotations
 
@@ -34,7 +39,9 @@ from seqaware.metrics.teo import complete_pairs, teo_report
 from seqaware.modules.base import SeqawareModule, as_container, gather_unique
 from seqaware.runs import best_checkpoint
 from seqaware.vlm import parse_teo_answer
-from seqaware.vlm.models import BUILT_IN_MODELS, answer_loss, apply_lora, load_internvl
+from seqaware.vlm.inputs import DEFAULT_IMAGE_TILES, apply_tiling, check_image_tiles, write_record
+from seqaware.vlm.models import BUILT_IN_MODELS, answer_loss, load_internvl
+from seqaware.vlm.trainable import apply_train_parts, resolve_train_parts
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +67,14 @@ class TeoLoraModule(SeqawareModule):
         init_seed: seed of the tiny model's random initialisation (the frozen base is rebuilt from it).
         dtype: weight dtype of the base model (``bfloat16`` on GPU; LoRA weights are kept in float32).
         attn_implementation: attention kernel of real checkpoints (``sdpa``, ``flash_attention_2``, ``eager``).
-        lora: ``{r, alpha, dropout, target: language|language_vision|all_linear, bias}``.
+        train_parts: ``{vision, projector, language}``, each ``frozen|lora|full`` (None: the language model
+            under LoRA, or the parts of an old ``lora.target``; :mod:`seqaware.vlm.trainable`).
+        lora: ``{r, alpha, dropout, layers: attention|all_linear, bias}``.
         gradient_checkpointing: recompute activations in the backward pass (saves memory on GPU).
         strategy: prompt strategy whose answers are parsed (must match ``data.strategy``).
+        prompt: the prompt the data shows (``data.prompt``), recorded with the adapter.
+        image_tiles: the data's tiling (``data.image_tiles``), recorded with the adapter and set as the
+            saved processor's default; a fit with a data module of another tiling is refused.
         max_new_tokens: generation budget of an answer (MATEO's ``Q1: The answer is: Yes.`` x 3 lines is ~30 tokens).
         adapter_dir: where the PEFT adapter is saved at the end of fit (None: ``<run folder>/adapter``).
         merge_adapter: also save the merged full model to ``adapter_dir/merged``.
@@ -81,16 +93,22 @@ class TeoLoraModule(SeqawareModule):
     def __init__(self, name_or_path: str = "tiny", tiny: dict | None = None, init_seed: int = 0, dtype: str = "float32",
                  attn_implementation: str | None = "sdpa", lora: dict | None = None, gradient_checkpointing: bool = False,
                  strategy: str = "instructions", max_new_tokens: int = 40, adapter_dir: str | None = None,
-                 merge_adapter: bool = False, optimizer: dict | None = None, scheduler: dict | None = None):
+                 merge_adapter: bool = False, optimizer: dict | None = None, scheduler: dict | None = None,
+                 train_parts: dict | None = None, prompt: str = "finetune", image_tiles: int = DEFAULT_IMAGE_TILES):
         super().__init__()
+        resolve_train_parts(as_container(train_parts), as_container(lora))  # bad keys fail here, naming them
+        check_image_tiles(image_tiles, "model.image_tiles")
         self.save_hyperparameters({
             "name_or_path": name_or_path, "tiny": as_container(tiny), "init_seed": init_seed, "dtype": dtype,
             "attn_implementation": attn_implementation, "lora": as_container(lora), "gradient_checkpointing": gradient_checkpointing,
+            "train_parts": as_container(train_parts), "prompt": prompt, "image_tiles": image_tiles,
             "strategy": strategy, "max_new_tokens": max_new_tokens, "adapter_dir": adapter_dir,
             "merge_adapter": merge_adapter, "optimizer": as_container(optimizer) or {"_target_": "torch.optim.AdamW", "lr": 1e-4},
             "scheduler": as_container(scheduler),
         })
-        self.model, self.processor = self._build(name_or_path, tiny or {}, init_seed, dtype, attn_implementation, lora or {})
+        self.model, self.processor = self._build(name_or_path, tiny or {}, init_seed, dtype, attn_implementation,
+                                                 as_container(train_parts), lora or {})
+        apply_tiling(self.processor, image_tiles)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False
@@ -100,19 +118,39 @@ class TeoLoraModule(SeqawareModule):
         self.test_predictions: list[dict[str, Any]] | None = None
 
     @staticmethod
-    def _build(name: str, tiny: dict, seed: int, dtype: str, attn: str | None, lora: dict) -> tuple[Any, Any]:
+    def _build(name: str, tiny: dict, seed: int, dtype: str, attn: str | None, train_parts: dict | None,
+               lora: dict) -> tuple[Any, Any]:
         if name in BUILT_IN_MODELS:
             base, processor = BUILT_IN_MODELS[name][0](seed, **tiny)
             base = base.to(_dtype(dtype))
         else:
             base, processor = load_internvl(name, dtype=_dtype(dtype), attn_implementation=attn)
-        return apply_lora(base, lora), processor
+        return apply_train_parts(base, train_parts, lora), processor
+
+    @property
+    def is_peft(self) -> bool:
+        """Whether the network is a PEFT model (some part under LoRA) rather than the plain InternVL."""
+        return hasattr(self.model, "get_base_model")
+
+    def base_model(self) -> Any:
+        """The InternVL inside the PEFT wrapper (the network itself when no part is under LoRA)."""
+        return self.model.get_base_model() if self.is_peft else self.model
+
+    def setup(self, stage: str) -> None:
+        """Refuse a data module whose tiling or prompt differs from the one this module records."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        for key in ("image_tiles", "prompt"):
+            theirs = getattr(datamodule, key, None)
+            if theirs is not None and theirs != self.hparams.get(key):
+                raise ValueError(f"model.{key}={self.hparams.get(key)!r} but data.{key}={theirs!r}: the saved adapter "
+                                 f"would record inputs it was not trained on; set data.{key} (model.{key} follows it)")
 
     # ------------------------------------------------------------------ training
     def _inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         if "pixel_values" in batch:
-            inputs["pixel_values"] = batch["pixel_values"].to(self.model.get_base_model().model.vision_tower.dtype)
+            vision = self.base_model().model.vision_tower
+            inputs["pixel_values"] = batch["pixel_values"].to(next(vision.parameters()).dtype)
         return inputs
 
     def forward(self, batch: dict[str, Any]) -> Any:
@@ -205,7 +243,14 @@ class TeoLoraModule(SeqawareModule):
         if saved != expected:
             missing, extra = sorted(expected - saved)[:5], sorted(saved - expected)[:5]
             raise ValueError(f"checkpoint does not hold this model's LoRA parameters (missing e.g. {missing}, "
-                             f"unexpected e.g. {extra}): was it trained with the same model.lora settings?")
+                             f"unexpected e.g. {extra}): was it trained with the same model.train_parts and "
+                             "model.lora settings?")
+        hyper = checkpoint.get("hyper_parameters")
+        if hyper is not None and "image_tiles" not in hyper:
+            # saved before data.image_tiles existed: its training fed every image as one tile
+            self.hparams["image_tiles"] = 1
+            apply_tiling(self.processor, 1)
+            log.info("checkpoint from before data.image_tiles: it was trained on one tile per image (image_tiles=1)")
 
     # ------------------------------------------------------------------- adapter
     def adapter_path(self) -> Path:
@@ -214,8 +259,18 @@ class TeoLoraModule(SeqawareModule):
             return Path(self.hparams.adapter_dir)
         return Path(self.trainer.default_root_dir) / "adapter"
 
+    def inputs_record(self) -> dict[str, Any]:
+        """What ``seqaware_inputs.json`` says beside a saved model: how its inputs were built (tiling, prompt,
+        strategy) and which base it adapts (name, seed and sizes of a built-in one, dtype)."""
+        h = self.hparams
+        return {"image_tiles": h.image_tiles, "prompt": h.prompt, "strategy": h.strategy, "base_model": h.name_or_path,
+                "init_seed": h.init_seed, "tiny": h.tiny or {}, "dtype": h.dtype,
+                "train_parts": resolve_train_parts(h.get("train_parts"), h.lora)[0]}
+
     def save_adapter(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Save the LoRA adapter in PEFT format (``adapter_config.json`` + ``adapter_model.safetensors``).
+        """Save the LoRA adapter in PEFT format (``adapter_config.json`` + ``adapter_model.safetensors``),
+        the processor and ``seqaware_inputs.json`` (:meth:`inputs_record`); with ``merge_adapter`` the
+        merged model, processor and record in ``merged/``. Without a LoRA part the model is saved whole.
 
         ``state_dict``: this module's trainable parameters to save instead of the current ones (keys
         as in a checkpoint, ``model.base_model.model...``).
@@ -224,14 +279,25 @@ class TeoLoraModule(SeqawareModule):
         kwargs = {}
         if state_dict is not None:
             kwargs["state_dict"] = {k[len("model."):]: v for k, v in state_dict.items() if k.startswith("model.")}
-        self.model.save_pretrained(str(path), **kwargs)
-        if self.hparams.merge_adapter:
+        if not self.is_peft:  # no adapter: the trained model itself, loadable by from_pretrained
+            model = self.model
+            if state_dict is not None:
+                model = copy.deepcopy(self.model)
+                model.load_state_dict(kwargs["state_dict"], strict=False)
+            model.save_pretrained(str(path))
+        else:
+            self.model.save_pretrained(str(path), **kwargs)
+        folders = [path]
+        if self.hparams.merge_adapter and self.is_peft:
             merged = copy.deepcopy(self.model)
             if state_dict is not None:
                 merged.load_state_dict(kwargs["state_dict"], strict=False)
             merged = merged.merge_and_unload()
             merged.save_pretrained(str(path / "merged"))
-            self.processor.save_pretrained(str(path / "merged"))
+            folders.append(path / "merged")
+        for folder in folders:
+            self.processor.save_pretrained(str(folder))
+            write_record(folder, self.inputs_record())
         return path
 
     def on_fit_end(self) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from seqaware.io import atomic_open
+from seqaware.vlm.inputs import check_image_tiles, read_record, tiling_kwargs
 from seqaware.vlm.prompts import prompt_hash
 
 log = logging.getLogger(__name__)
@@ -212,8 +213,9 @@ def plot_rows(rows: Mapping[str, Mapping[str, Any]], columns: Sequence[Sequence[
 
 
 def result_stem(result: Mapping[str, Any]) -> str:
-    """``<task>_<strategy>_<modality>``, the file name stem of a result."""
-    return f"{result['task']}_{result['strategy']}_{result['modality']}"
+    """``<task>_<strategy>_<modality>``, the file name stem of a result (``_finetune`` added for the Table 6 prompt)."""
+    tail = "_finetune" if result.get("prompt") == "finetune" else ""
+    return f"{result['task']}_{result['strategy']}_{result['modality']}{tail}"
 
 
 def write_result(result: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
@@ -252,12 +254,20 @@ class HFGenerator:
     where generation starts), decodes greedily (``do_sample=False``) up to ``max_new_tokens`` and
     returns only the newly generated text. Image paths in the messages are opened as RGB PIL
     images first (a missing file is a clear error).
+
+    ``image_tiles``: at most this many tiles per image, passed to an InternVL processor on every call
+    (:func:`seqaware.vlm.inputs.tiling_kwargs`, the same arguments the TEO training collator passes);
+    None leaves the processor's own default (any other model). ``name``: the model's name in the
+    signature (default: the config's ``_name_or_path``).
     """
 
-    def __init__(self, model: Any, processor: Any, max_new_tokens: int = 256, device: str | None = None) -> None:
+    def __init__(self, model: Any, processor: Any, max_new_tokens: int = 256, device: str | None = None,
+                 image_tiles: int | None = None, name: str | None = None) -> None:
         self.model = model.eval()
         self.processor = processor
         self.max_new_tokens = int(max_new_tokens)
+        self.image_tiles = None if image_tiles is None else check_image_tiles(image_tiles, "image_tiles")
+        self.name = name
         self.device = device or str(next(model.parameters()).device)
         tokenizer = getattr(processor, "tokenizer", processor)
         tokenizer.padding_side = "left"
@@ -267,18 +277,25 @@ class HFGenerator:
 
     @property
     def signature(self) -> str:
-        """Model identity + decoding settings (part of every prompt hash)."""
-        name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
-        return f"{name}|greedy|max_new_tokens={self.max_new_tokens}"
+        """Model identity + decoding settings + tiling when set (part of every prompt hash)."""
+        name = self.name or getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
+        tiles = "" if self.image_tiles is None else f"|image_tiles={self.image_tiles}"
+        return f"{name}|greedy|max_new_tokens={self.max_new_tokens}{tiles}"
+
+    def inputs(self, messages_batch: list[Messages]) -> Any:
+        """The processor's outputs for a batch of chats (prompt rendered for generation, left-padded)."""
+        batch = [[{**m, "content": [{**c, "image": _load_pil(c["image"])} if c.get("type") == "image" else c
+                                    for c in m["content"]]} for m in messages] for messages in messages_batch]
+        kwargs: dict[str, Any] = {"padding": True}
+        if self.image_tiles is not None:
+            kwargs["images_kwargs"] = tiling_kwargs(self.image_tiles)
+        return self.processor.apply_chat_template(batch, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                  return_tensors="pt", processor_kwargs=kwargs)
 
     def __call__(self, messages_batch: list[Messages]) -> list[str]:
         import torch
 
-        batch = [[{**m, "content": [{**c, "image": _load_pil(c["image"])} if c.get("type") == "image" else c
-                                    for c in m["content"]]} for m in messages] for messages in messages_batch]
-        inputs = self.processor.apply_chat_template(batch, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                                    return_tensors="pt", processor_kwargs={"padding": True})
-        inputs = inputs.to(self.device)
+        inputs = self.inputs(messages_batch).to(self.device)
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
         with torch.inference_mode():
@@ -289,11 +306,13 @@ class HFGenerator:
 
 
 def load_hf_generator(name_or_path: str, max_new_tokens: int = 256, dtype: str = "auto", device: str = "auto",
-                      trust_remote_code: bool = False) -> HFGenerator:
-    """Load ``AutoModelForImageTextToText`` + ``AutoProcessor`` through :func:`seqaware.pretrained.from_pretrained`.
+                      trust_remote_code: bool = False, image_tiles: int | None = None) -> HFGenerator:
+    """Load ``AutoModelForImageTextToText`` + ``AutoProcessor`` through :func:`seqaware.pretrained.from_pretrained`,
+    or a PEFT adapter folder on its base (:func:`load_adapter_folder`).
 
     Fails fast (``PretrainedUnavailableError``) when the model is neither local nor cached and the
-    hub cannot be reached. ``device="auto"`` picks CUDA when available.
+    hub cannot be reached. ``device="auto"`` picks CUDA when available. A TEO run folder is refused
+    with the folders to give instead.
     """
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -303,9 +322,50 @@ def load_hf_generator(name_or_path: str, max_new_tokens: int = 256, dtype: str =
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    processor = from_pretrained(AutoProcessor.from_pretrained, name_or_path, what="processor", config_key="--model",
-                                trust_remote_code=trust_remote_code)
-    model = from_pretrained(AutoModelForImageTextToText.from_pretrained, name_or_path, what="model", config_key="--model",
-                            dtype=torch_dtype, trust_remote_code=trust_remote_code)
-    return HFGenerator(model.to(device), processor, max_new_tokens=max_new_tokens, device=device)
+    folder = Path(name_or_path)
+    if folder.is_dir() and not (folder / "config.json").is_file() and (folder / "adapter").is_dir():
+        raise ValueError(f"--model {folder} is a run folder: give {folder / 'adapter'} (the LoRA adapter on its base) "
+                         f"or {folder / 'adapter' / 'merged'} (the merged model, saved with model.merge_adapter=true)")
+    if (folder / "adapter_config.json").is_file():
+        model, processor = load_adapter_folder(folder, torch_dtype, trust_remote_code)
+    else:
+        processor = from_pretrained(AutoProcessor.from_pretrained, name_or_path, what="processor", config_key="--model",
+                                    trust_remote_code=trust_remote_code)
+        model = from_pretrained(AutoModelForImageTextToText.from_pretrained, name_or_path, what="model",
+                                config_key="--model", dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    return HFGenerator(model.to(device), processor, max_new_tokens=max_new_tokens, device=device,
+                       image_tiles=image_tiles, name=str(name_or_path))
+
+
+def load_adapter_folder(folder: str | os.PathLike, dtype: Any = "auto", trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """``(model, processor)`` of a PEFT adapter folder (``TeoLoraModule``'s ``adapter/``): its base model
+    (``seqaware_inputs.json``'s ``base_model``, else ``adapter_config.json``'s ``base_model_name_or_path``; a
+    built-in tiny model is rebuilt from its seed and sizes) with the adapter on it, unmerged, so it computes
+    what the module computed in training; the processor saved in the folder, else the base's."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from seqaware.pretrained import from_pretrained
+    from seqaware.vlm.models import BUILT_IN_MODELS
+
+    folder = Path(folder)
+    record = read_record(folder) or {}
+    config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    base_name = record.get("base_model") or config.get("base_model_name_or_path")
+    if not base_name:
+        raise ValueError(f"{folder}: neither seqaware_inputs.json nor adapter_config.json names the base model")
+    if base_name in BUILT_IN_MODELS:
+        base, processor = BUILT_IN_MODELS[base_name][0](int(record.get("init_seed", 0)), **(record.get("tiny") or {}))
+        base = base.to(getattr(torch, record.get("dtype", "float32")) if dtype == "auto" else dtype)
+    else:
+        base = from_pretrained(AutoModelForImageTextToText.from_pretrained, base_name, what="base model of the adapter",
+                               config_key="--model", dtype=dtype, trust_remote_code=trust_remote_code)
+        processor = None
+    if (folder / "processor_config.json").is_file() or (folder / "preprocessor_config.json").is_file():
+        processor = AutoProcessor.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    elif processor is None:
+        processor = from_pretrained(AutoProcessor.from_pretrained, base_name, what="processor of the adapter's base",
+                                    config_key="--model", trust_remote_code=trust_remote_code)
+    return PeftModel.from_pretrained(base, str(folder)).eval(), processor
 
