@@ -89,9 +89,11 @@ def inject(monkeypatch):
             if action is not None:
                 self.action = action
             original(self, trainer, pl_module, stage)
-            if stage == "fit":
-                made.append(_Inject(pl_module, value))
+
+        def on_train_start(self, trainer, pl_module):   # after setup: layers a module builds there are hooked too
+            made.append(_Inject(pl_module, value))
         monkeypatch.setattr(NonFiniteLoss, "setup", setup)
+        monkeypatch.setattr(NonFiniteLoss, "on_train_start", on_train_start, raising=False)
         return made
     return install
 
@@ -165,3 +167,48 @@ def test_skip_leaves_weights_and_optimizer_untouched_counts_and_finishes(compose
 def test_a_mistyped_action_is_refused_naming_the_key():
     with pytest.raises(ValueError, match=r"callbacks.nonfinite_loss.action must be one of \['stop', 'skip'\], got 'skp'"):
         NonFiniteLoss("skp")
+
+
+def _closure_config(compose_train, tmp_path, *extra: str):
+    from conftest import TINY_BERT
+    from test_teo_closure_head import tiny_questions
+
+    return compose_train("experiment=teo_plan_head_catbench", f"data.train_path={tiny_questions(tmp_path / 'val.jsonl', range(6))}",
+                         f"data.eval_path={tiny_questions(tmp_path / 'test.jsonl', range(6, 8))}",
+                         "~data.extra_eval_paths.all_pairs", "data.rfg_path=null", "data.cv_folds=3", "trainer.max_epochs=4",
+                         f"model.encoder.config={TINY_BERT}", "model.members=1", "model.cv_grid=[{closure: max}]", *extra)
+
+
+@pytest.mark.parametrize("action", ["stop", "skip"])
+def test_the_closure_heads_cross_validation_fits_are_checked_too(compose_train, tmp_path, monkeypatch, action):
+    """The closure head trains its cross-validation fits itself, in setup: a NaN loss there stops the run naming the
+    fit and the step (or, with skip, leaves that update out)."""
+    from seqaware.modules.teo_closure_network import ClosureEnsemble
+
+    calls = []
+    real = ClosureEnsemble.loss
+
+    def loss(self, data):
+        calls.append(1)
+        out = real(self, data)
+        return out * math.nan if len(calls) == 3 else out   # step 2 of the first fit
+    monkeypatch.setattr(ClosureEnsemble, "loss", loss)
+    cfg = _closure_config(compose_train, tmp_path, f"callbacks.nonfinite_loss.action={action}")
+    out = Path(cfg.paths.output_dir)
+    if action == "stop":
+        with pytest.raises(NonFiniteLossError, match=r"^the cross-validation fit of setting 'closure=max' on fold 0 "
+                                                     r"\(repeat 1\), step 2: non-finite training loss nan\. The run stops"):
+            train.run(cfg)
+        assert json.loads((out / "run.json").read_text())["status"] == "failed"
+        assert not (out / "cv_results.json").exists() and not (out / "test_metrics.json").exists()
+    else:
+        metrics = train.run(cfg)
+        assert json.loads((out / "run.json").read_text())["status"] == "finished" and "test/catbench_macro_f1" in metrics
+
+
+def test_the_closure_heads_own_training_step_stops_at_an_inf(compose_train, tmp_path, inject):
+    made = inject("inf")   # its heads are MemberLinear layers over cached features: no nn.Linear to turn NaN
+    cfg = _closure_config(compose_train, tmp_path, "trainer.val_check_interval=1", "trainer.limit_val_batches=1")
+    with pytest.raises(NonFiniteLossError, match=rf"^step {BAD_STEP}: non-finite training loss: the returned loss = inf"):
+        train.run(cfg)
+    assert made[0].fired and json.loads((Path(cfg.paths.output_dir) / "run.json").read_text())["status"] == "failed"

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 ACTIONS = ("stop", "skip")
 SKIPS_KEY = "train/nonfinite_skips"
@@ -135,16 +135,26 @@ class FiniteGuard:
             parts.append("a loss term on another process")
         return f"step {int(self.global_step)}: non-finite training loss: " + "; ".join(parts)
 
-    def _nonfinite(self, message: str) -> None:
-        """Stop (raise) or count a skip, as ``nonfinite_action`` says."""
+    def finite_fit_loss(self, loss: torch.Tensor, where: str, step: int) -> bool:
+        """A training loop the module runs itself (the closure head's cross-validation fits, in ``setup``): True
+        when ``loss`` is finite; otherwise stop naming ``where`` and the step, or (skip) count it and return False,
+        and the caller leaves that step's update out."""
+        if bool(loss.detach().isfinite().all()):
+            return True
+        self._nonfinite(f"{where}, step {step}: non-finite training loss {_value(loss)}", log=False)
+        return False
+
+    def _nonfinite(self, message: str, log: bool = True) -> None:
+        """Stop (raise) or count a skip, as ``nonfinite_action`` says (``log``: log the count, in a training step)."""
         if self.nonfinite_action not in ACTIONS:
             raise ValueError(f"{SWITCH} must be one of {list(ACTIONS)}, got {self.nonfinite_action!r}")
         if self.nonfinite_action == "stop":
             raise NonFiniteLossError(f"{message}. The run stops before this step changes any weight; nothing is "
                                      f"exported and no test runs ({SWITCH}=skip skips such steps instead)")
         self.nonfinite_skips += 1
-        log.warning("%s: step skipped (%d so far; %s=skip)", message, self.nonfinite_skips, SWITCH)
-        self._log_skips()
+        logger.warning("%s: step skipped (%d so far; %s=skip)", message, self.nonfinite_skips, SWITCH)
+        if log:
+            self._log_skips()
 
     def _log_skips(self) -> None:
         if self.nonfinite_action == "skip":

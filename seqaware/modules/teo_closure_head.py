@@ -340,7 +340,7 @@ class TeoClosureHeadModule(SeqawareModule):
         return get_class(opt_cfg.pop("_target_"))(groups, **opt_cfg)
 
     def _fit_heads(self, setting: dict[str, Any], plans: list[dict], embeddings: list[torch.Tensor], steps: int,
-                   seed: int) -> ClosureEnsemble:
+                   seed: int, where: str = "a cross-validation fit") -> ClosureEnsemble:
         """Train a fresh ensemble of ``setting`` on ``plans`` as the fit trains the final one: all plans
         in one batch, ``steps`` optimiser steps of ``model.optimizer`` (global RNG left untouched)."""
         with torch.random.fork_rng(devices=[]):
@@ -349,10 +349,12 @@ class TeoClosureHeadModule(SeqawareModule):
             optimizer = self._optimizer([{"params": list(ensemble.parameters())}])
             data = plan_tensors(embeddings, plans, float(setting["rfg_weight"]), ensemble.lexical)
             ensemble.train()
-            for _ in range(steps):
+            for step in range(steps):
                 optimizer.zero_grad()
-                ensemble.loss(data).backward()
-                optimizer.step()
+                loss = ensemble.loss(data)
+                if self.finite_fit_loss(loss, where, step):   # a non-finite loss stops the run (or skips the step)
+                    loss.backward()
+                    optimizer.step()
         return ensemble.eval()
 
     @torch.no_grad()
@@ -362,7 +364,7 @@ class TeoClosureHeadModule(SeqawareModule):
         return probs[data["plan"], data["a"], data["b"]].cpu().numpy()
 
     def _fit_tuned(self, setting: dict[str, Any], plans: list[dict], steps: int,
-                   seed: int) -> tuple[ClosureEnsemble, SequenceEncoder]:
+                   seed: int, where: str = "a cross-validation fit") -> tuple[ClosureEnsemble, SequenceEncoder]:
         """:meth:`_fit_heads` with the encoder fine-tuned from the pretrained weights (a fresh copy): all
         ``plans`` in one batch, re-encoded at every step; the heads at ``model.optimizer``'s lr, the encoder at
         ``encoder_lr``.  It runs in ``setup``, before Lightning moves the module to its device, so the copies
@@ -377,14 +379,15 @@ class TeoClosureHeadModule(SeqawareModule):
                                          {"params": list(encoder.parameters()), "lr": self.hparams.encoder_lr}])
             batch = self.trainer.datamodule.collator(plans)
             ensemble.train()
-            for _ in range(steps):
+            for step in range(steps):
                 optimizer.zero_grad()
                 with self.trainer.precision_plugin.forward_context():
                     data = plan_tensors(self.tuned_embeddings(encoder, batch), plans, float(setting["rfg_weight"]),
                                         ensemble.lexical)
                     loss = ensemble.loss(data)
-                loss.backward()
-                optimizer.step()
+                if self.finite_fit_loss(loss, where, step):
+                    loss.backward()
+                    optimizer.step()
         return ensemble.eval(), encoder.eval().requires_grad_(False)
 
     @torch.no_grad()
@@ -464,12 +467,13 @@ class TeoClosureHeadModule(SeqawareModule):
                     if key not in heads:
                         progress.start()
                         fit_seed = seed + 1000 * r + 10 * fold + s
+                        where = f"the cross-validation fit of setting {names[s]!r} on fold {fold} (repeat {r + 1})"
                         if self.finetune:
-                            ensemble, encoder = self._fit_tuned(setting, tr_plans, steps, fit_seed)
+                            ensemble, encoder = self._fit_tuned(setting, tr_plans, steps, fit_seed, where)
                             test_emb = self._tuned_features(encoder, held_plans)
                         else:
                             fit_emb, test_emb = own[setting["features"]]
-                            ensemble = self._fit_heads(setting, tr_plans, fit_emb, steps, fit_seed)
+                            ensemble = self._fit_heads(setting, tr_plans, fit_emb, steps, fit_seed, where)
                         heads[key] = self._predict(ensemble, held_plans, test_emb)
                         progress.fitted(s, f, r)
                     per_fold[names[s]].append((gold, blend_probs(heads[key], lr_probs, float(setting.get("blend", 0.0)))))
