@@ -478,10 +478,10 @@ def test_fine_tuning_the_encoder_starts_every_fold_from_the_pretrained_weights_a
     fits = []
     real_fit = model._fit_tuned
 
-    def spy(setting, plans, steps, seed):
+    def spy(setting, plans, steps, seed, where):
         start = model._frozen_encoder().state_dict()
         assert all(torch.equal(start[k], v) for k, v in pretrained.items())     # every fit starts pretrained
-        ensemble, encoder = real_fit(setting, plans, steps, seed)
+        ensemble, encoder = real_fit(setting, plans, steps, seed, where)
         fits.append(({p["plan_id"] for p in plans}, any(not torch.equal(encoder.state_dict()[k], v)
                                                         for k, v in pretrained.items())))
         return ensemble, encoder
