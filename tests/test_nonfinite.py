@@ -206,9 +206,11 @@ def test_the_closure_heads_cross_validation_fits_are_checked_too(compose_train, 
         assert json.loads((out / "run.json").read_text())["status"] == "finished" and "test/catbench_macro_f1" in metrics
 
 
-def test_the_closure_heads_own_training_step_stops_at_an_inf(compose_train, tmp_path, inject):
+@pytest.mark.parametrize("precision", ["32-true", pytest.param("bf16-mixed", marks=pytest.mark.slow)])
+def test_the_closure_heads_own_training_step_stops_at_an_inf(compose_train, tmp_path, inject, precision):
     made = inject("inf")   # its heads are MemberLinear layers over cached features: no nn.Linear to turn NaN
-    cfg = _closure_config(compose_train, tmp_path, "trainer.val_check_interval=1", "trainer.limit_val_batches=1")
+    cfg = _closure_config(compose_train, tmp_path, "trainer.val_check_interval=1", "trainer.limit_val_batches=1",
+                          f"trainer.precision={precision}")
     with pytest.raises(NonFiniteLossError, match=rf"^step {BAD_STEP}: non-finite training loss: the returned loss = inf"):
         train.run(cfg)
     assert made[0].fired and json.loads((Path(cfg.paths.output_dir) / "run.json").read_text())["status"] == "failed"
