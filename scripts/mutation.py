@@ -3,6 +3,7 @@ and print, per module, how many mutants the fast tests kill.
 
     python scripts/mutation.py run                 # mutmut over SCOPE, then the table
     python scripts/mutation.py run --only 'seqaware.runs.*'
+    python scripts/mutation.py run --only 'registry.*' --tests tests/test_registry.py --max-children 1
     python scripts/mutation.py report --survivors  # the table of the last run, and each survivor's name
 
 ``run`` runs the mutants without a result, the survivors and those no test reached (tests may have been added);
@@ -13,7 +14,9 @@ have meant (:func:`unmatched`).
 mutmut reads the rest of its setup from ``[tool.mutmut]`` in pyproject.toml (which files it mutates,
 the test command); it works in ``mutants/`` (git-ignored).  ``mutmut show NAME`` prints a survivor as
 a diff.  Whole modules are in scope, except the TEO heads, where only the threshold and
-model-selection functions are (the rest of those files are networks the training tests cover).
+model-selection functions are (the rest of those files are networks the training tests cover), and the
+pretraining module and its objectives, where only the order of corruptions is.  ``--tests`` narrows the tests
+mutmut draws from to some files (:data:`MUTMUT_WITH_TESTS`).
 See docs/mutation.md.
 """
 from __future__ import annotations
@@ -53,7 +56,27 @@ SCOPE = (
     "seqaware.modules.teo_closure_head.x\u01c1TeoClosureHeadModule\u01c1setup__mutmut_*",
     "seqaware.modules.teo_closure_head.x\u01c1TeoClosureHeadModule\u01c1_cross_validate__mutmut_*",
     "seqaware.modules.teo_closure_head.x\u01c1TeoClosureHeadModule\u01c1on_test_epoch_end__mutmut_*",
+    # issue #61 item 6: pretrained weights, config resolvers, the BERSON decoder, the registry class
+    "seqaware.pretrained.*",
+    "seqaware.config.*",
+    "decoders.berson.*",
+    "registry.*",
+    # the objectives' corruption order: moves before masks, each objective changing only what it declares
+    "seqaware.objectives.corruption.x_corruption_kinds__mutmut_*",
+    "seqaware.objectives.corruption.x_corruption_order__mutmut_*",
+    "seqaware.objectives.corruption.x_moves__mutmut_*",
+    "seqaware.objectives.corruption.x_check_corruption__mutmut_*",
+    "seqaware.modules.pretraining.x\u01c1PretrainingModule\u01c1_forward_group__mutmut_*",
 )
+
+# ``run --tests``: mutmut with its test selection narrowed to the given test files (its first pass records which of
+# them reach each function; a mutant then runs those that reach it).  mutmut has no option for it: set it in its config.
+MUTMUT_WITH_TESTS = ("import sys\n"
+                     "from mutmut.configuration import config\n"
+                     "cut = sys.argv.index('--')\n"
+                     "config().pytest_add_cli_args_test_selection.extend(sys.argv[1:cut])\n"
+                     "from mutmut.__main__ import cli\n"
+                     "cli(sys.argv[cut + 1:], prog_name='mutmut')\n")
 
 def results(folder: Path | None = None, scope: tuple[str, ...] = SCOPE) -> dict[str, dict[str, int | None]]:
     """``module -> {mutant name: exit code}`` for the mutants in ``scope``, read from mutmut's ``.meta`` files
@@ -148,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerun", action="store_true",
                         help="run every mutant in scope again, not only the survivors and those without a result")
     parser.add_argument("--max-children", type=int, default=None, help="parallel mutants (mutmut's default: CPUs)")
+    parser.add_argument("--tests", nargs="+", metavar="PATH",
+                        help="test files (pytest paths) mutmut draws from instead of every fast test; a mutant only "
+                             "another test would kill counts as surviving. Give the same list at every run of one "
+                             "mutants/ folder: mutmut forgets every result when its test selection changes")
     args = parser.parse_args(argv)
     scope = tuple(args.only) if args.only else SCOPE
     if args.only:
@@ -172,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         # one thread per mutant process: mutmut runs one per CPU already
         env = {**os.environ, **{var: "1" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
         if names:
-            code = subprocess.call([sys.executable, "-m", "mutmut", "run", *extra, *names], cwd=ROOT, env=env)
+            mutmut = ([sys.executable, "-c", MUTMUT_WITH_TESTS, *args.tests, "--"] if args.tests
+                      else [sys.executable, "-m", "mutmut"])
+            code = subprocess.call([*mutmut, "run", *extra, *names], cwd=ROOT, env=env)
             # mutmut has generated every mutant now: a pattern that still matches none is named (mutmut itself
             # stops with an AssertionError when no pattern matches)
             problem = unmatched(args.only, False, after_run=True) if args.only and results(scope=("*",)) else None

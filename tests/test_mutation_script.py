@@ -82,7 +82,8 @@ def project(tmp_path, monkeypatch):
 def test_the_mutated_modules_are_those_pyproject_names():
     modules = mutation.mutated_modules()
     assert {"seqaware.runs", "seqaware.checkpoint_io", "seqaware.metrics.iso", "data_modules.adapters.roc",
-            "seqaware.modules.teo_plan_head", "scripts.catbench_eval"} <= set(modules)
+            "seqaware.modules.teo_plan_head", "scripts.catbench_eval", "seqaware.pretrained", "seqaware.config",
+            "decoders.berson", "registry.__init__", "seqaware.objectives.corruption"} <= set(modules)
     assert "seqaware.io" not in modules and "seqaware.modules.base" not in modules
 
 
@@ -126,3 +127,35 @@ def test_on_a_first_run_a_pattern_of_a_mutated_module_goes_to_mutmut(project, mo
     assert mutation.main(["run", "--only", "seqaware.runs.x_c*", "*plan_head.x_relations*"]) == 1   # no meta: no table
     assert calls[0][4:] == ["seqaware.runs.x_c*", "*plan_head.x_relations*"]
     assert "run 'python scripts/mutation.py run' first" in capsys.readouterr().err
+
+
+def test_tests_narrow_the_tests_mutmut_draws_from_to_those_files(project, mutants, monkeypatch):
+    calls = []
+    monkeypatch.setattr(mutation.subprocess, "call", lambda args, **kwargs: calls.append((args, kwargs["cwd"])) or 0)
+    assert mutation.main(["run", "--only", "seqaware.runs.*", "--max-children", "1",
+                          "--tests", "tests/test_a.py", "tests/test_b.py"]) == 0
+    (args, cwd), = calls
+    assert cwd == project
+    assert args[1:3] == ["-c", mutation.MUTMUT_WITH_TESTS]
+    assert args[3:] == ["tests/test_a.py", "tests/test_b.py", "--", "run", "--max-children", "1",
+                        "seqaware.runs.x_a__mutmut_3", "seqaware.runs.x_b__mutmut_1", "seqaware.runs.x_b__mutmut_2"]
+
+    # what that command runs: mutmut's own command line, with those files added to [tool.mutmut]'s test selection
+    import sys
+
+    import mutmut.__main__ as mutmut_main
+    from mutmut.configuration import config, reset_config
+
+    (project / "pyproject.toml").write_text((project / "pyproject.toml").read_text()
+                                            + 'pytest_add_cli_args_test_selection = ["-m", "not slow"]\n')
+    seen = []
+    monkeypatch.setattr(mutmut_main, "cli", lambda argv, prog_name: seen.append(
+        (argv, prog_name, list(config().pytest_add_cli_args_test_selection))))
+    monkeypatch.setattr(sys, "argv", ["-c", *args[3:]])
+    monkeypatch.chdir(project)
+    reset_config()
+    try:
+        exec(mutation.MUTMUT_WITH_TESTS, {})
+    finally:
+        reset_config()
+    assert seen == [(args[6:], "mutmut", ["-m", "not slow", "tests/test_a.py", "tests/test_b.py"])]
