@@ -13,6 +13,9 @@ A batch (``B`` instances, up to ``S`` steps, ``L`` tokens) is a dict::
     gold                        (B, S)     long    -- gold[b, k] = input position of the k-th step (-1 pad)
     num_steps                   (B,)       long
     meta                        list of dicts: id, step_index, references, dag, category
+    <field>                     each of the view's ``fields`` (``TaskView.fields``): ``ViewItem.meta[field]`` of
+                                every item, a tensor (B, ...) when they are numbers or tensors of one shape,
+                                else the list of values
 """
 from __future__ import annotations
 
@@ -33,6 +36,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: keys the collator fills itself; a view's ``fields`` may not take them
+BATCH_KEYS = frozenset({"step_mask", "gold", "num_steps", "meta", "input_ids", "attention_mask", "pixel_values",
+                        "image_mask", "boxes", "box_mask", "visual_feats", "patch_mask"})
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -41,6 +48,16 @@ def first_sentences(text: str, max_sentences: int) -> str:
     if max_sentences <= 0:
         return text
     return " ".join(_SENTENCE_END.split(text.strip())[:max_sentences])
+
+
+def batch_field(values: list[Any]) -> Any:
+    """One declared field of a batch's items: a tensor (B,) of numbers (``torch.tensor``: bools stay bool,
+    ints long, floats float32), tensors of one shape stacked (B, ...), anything else the list as is."""
+    if values and all(isinstance(v, (bool, int, float, np.bool_, np.number)) for v in values):
+        return torch.tensor(values)
+    if values and all(isinstance(v, torch.Tensor) for v in values) and len({v.shape for v in values}) == 1:
+        return torch.stack(values)
+    return values
 
 
 class StepTokens:
@@ -112,12 +129,19 @@ class StepCollator:
             per process rather than once per epoch (least recently used evicted first; 0: no cache).
             A 128-px image takes 48 KiB, a 224-px one 147 KiB; each loader worker keeps its own, which
             lasts beyond an epoch only with ``data.persistent_workers=true``.
+        fields: keys of each item's ``meta`` carried into the batch under the same name (the task view's
+            ``fields``, set by the data module; :func:`batch_field`).
     """
 
     def __init__(self, tokenizer: Any = None, max_steps: int = 5, max_sentences: int = 5, max_tokens: int = 60,
                  image_size: int = 224, image_mean: Sequence[float] = IMAGENET_MEAN, image_std: Sequence[float] = IMAGENET_STD,
                  use_text: bool = True, use_images: bool = True, missing_image: str = "error", max_boxes: int = 0,
-                 region_features: str | None = None, image_cache_mb: float = 512):
+                 region_features: str | None = None, image_cache_mb: float = 512, fields: Sequence[str] = ()):
+        taken = sorted(set(fields) & BATCH_KEYS)
+        if taken:
+            raise ValueError(f"the task view's fields {taken} name batch keys the collator fills itself; "
+                             f"rename them (the collator's keys: {', '.join(sorted(BATCH_KEYS))})")
+        self.fields = tuple(fields)
         if image_cache_mb < 0:
             raise ValueError(f"data.collator.image_cache_mb must be >= 0 (0: no cache), got {image_cache_mb}")
         if missing_image not in ("error", "blank"):
@@ -234,6 +258,12 @@ class StepCollator:
                 for it in items
             ],
         }
+        for name in self.fields:
+            missing = [it.procedure_id for it in items if name not in it.meta]
+            if missing:
+                raise ValueError(f"the task view declares the field {name!r}, but the items of procedures {missing} "
+                                 "have no such key in their meta")
+            batch[name] = batch_field([it.meta[name] for it in items])
         if self.use_text:
             texts = []
             for it in items:

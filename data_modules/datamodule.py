@@ -13,14 +13,12 @@ from torch.utils.data import DataLoader
 from data_modules.collate import StepCollator
 from data_modules.images import check_procedure_images
 from data_modules.sampling import SplitLoaders, epoch_loader
-from data_modules.views import PretrainingView, SequencingView
+from data_modules.views import VIEWS
 from seqaware.config import argument_hints, check_values
 from seqaware.pretrained import load_tokenizer
 from seqaware.procedure import Procedure, ProcedureFormatError
 
 log = logging.getLogger(__name__)
-
-TASKS = ("sequencing", "pretraining")
 
 
 class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
@@ -28,11 +26,12 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
 
     Args:
         source: callable returning ``{split: [Procedure]}`` (see :mod:`data_modules.sources`).
-        task: ``sequencing`` (shuffled steps, order targets) or ``pretraining`` (ordered sub-sequences).
+        task: the registered task view (:data:`data_modules.views.VIEWS`): ``sequencing`` (shuffled steps,
+            order targets), ``pretraining`` (ordered sub-sequences), or any other registered one.
         tokenizer: name or path of a Hugging Face tokenizer (``offline:minilm`` by default); None
             for image-only models.
         view: keyword arguments of the view (``max_steps``, ``too_long``, ...).
-        collator: keyword arguments of :class:`StepCollator`.
+        collator: keyword arguments of :class:`StepCollator`; it also carries the view's ``fields`` into the batch.
         batch_size / eval_batch_size: per-process batch sizes.
         num_workers: DataLoader workers (0 = load in the main process).
         seed: seeds shuffling (per epoch) and the evaluation permutations.
@@ -79,8 +78,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
             raise ValueError(f"data.train_subset must be a positive number of training procedures or null, "
                              f"got {train_subset!r}")
         self.train_subset = train_subset
-        if task not in TASKS:
-            raise ValueError(f"data.task must be one of {TASKS}, got {task!r}")
+        self.view_class = VIEWS.lookup(task, "data.task")
         self.source = source
         self.task = task
         self.tokenizer_name = tokenizer
@@ -88,8 +86,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         self.collator_kwargs = dict(collator or {})
         # a null (or text) where the view / collator takes a number fails here, naming the key, not at the
         # first comparison of an epoch (data.view.max_steps=null); train.py checks data.* itself the same way
-        view_class = SequencingView if task == "sequencing" else PretrainingView
-        check_values(self.view_kwargs, argument_hints(view_class), "data.view", view_class.__name__)
+        check_values(self.view_kwargs, argument_hints(self.view_class), "data.view", self.view_class.__name__)
         check_values(self.collator_kwargs, argument_hints(StepCollator), "data.collator", StepCollator.__name__)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
@@ -138,6 +135,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
             kwargs = dict(self.collator_kwargs)
             kwargs.setdefault("max_steps", self.view_kwargs.get("max_steps", 5))
             kwargs.setdefault("use_text", self.tokenizer_name is not None)
+            kwargs["fields"] = self.view_class.fields
             self._collator = StepCollator(tokenizer=self.tokenizer, **kwargs)
         return self._collator
 
@@ -148,13 +146,8 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         self._read_source()  # generate / convert / cache once, on rank 0
 
     def _view(self, split: str, procedures: list[Procedure]):
-        kwargs = dict(self.view_kwargs)
-        if self.task == "sequencing":
-            return SequencingView(procedures, seed=self.seed, reshuffle=(split == "train" and self.reshuffle_train),
-                                  name=f"{split} sequencing", **kwargs)
-        kwargs.pop("too_long", None)
-        kwargs.pop("reference_limit", None)
-        return PretrainingView(procedures, seed=self.seed, name=f"{split} pretraining", **kwargs)
+        return self.view_class.build(procedures, split, seed=self.seed, reshuffle_train=self.reshuffle_train,
+                                     **self.view_kwargs)
 
     def describe_split(self, split: str) -> str:
         """Where a split comes from, as the config key a user sets (for error messages)."""

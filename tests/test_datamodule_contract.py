@@ -12,7 +12,7 @@ from PIL import Image
 
 from data_modules.datamodule import ProcedureDataModule, check_fit_saw_batches, describe_source
 from data_modules.sampling import EpochSampler, LengthBucketBatchSampler
-from data_modules.views import PretrainingView, SequencingView
+from data_modules.views import VIEWS, PretrainingView, SequencingView
 from seqaware.procedure import Procedure, ProcedureFormatError, Step
 
 
@@ -49,10 +49,19 @@ def _dm(splits=None, **kwargs):
 
 
 # ------------------------------------------------------------------------------ options
-def test_an_unknown_task_is_refused_naming_the_key():
+def test_an_unknown_task_is_refused_naming_the_key_and_the_registered_views():
     with pytest.raises(ValueError) as err:
         ProcedureDataModule(Source({}), task="ordering")
-    assert str(err.value) == "data.task must be one of ('sequencing', 'pretraining'), got 'ordering'"
+    assert {"sequencing", "pretraining"} <= set(VIEWS)
+    assert str(err.value) == f"unknown task view 'ordering' (data.task); registered: {', '.join(VIEWS.names())}"
+
+
+@pytest.mark.parametrize("task", ["sequencing", "pretraining"])
+def test_data_task_picks_the_registered_view(task):
+    dm = _dm(task=task)
+    dm.setup("fit")
+    assert dm.view_class is VIEWS[task] and type(dm.datasets["train"]) is VIEWS[task]
+    assert dm.datasets["val"].name == f"val {task}"
 
 
 @pytest.mark.parametrize("kwargs, message", [

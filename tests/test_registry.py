@@ -19,6 +19,7 @@ import torch
 
 from conftest import tiny_pretrain
 from data_modules.adapters import ADAPTERS
+from data_modules.views import VIEWS
 from decoders import DECODERS, PAIRWISE_DECODERS, decode_pairwise, fitting_decoder
 from registry import DuplicateNameError, Registry, UnknownNameError
 from seqaware.encoders import ENCODERS
@@ -188,6 +189,7 @@ def test_the_project_registries_hold_their_built_ins():
     assert {"beam", "greedy"} <= set(DECODERS.names(needs="pointer"))
     assert {"pairwise_greedy", "borda", "topological", "exact"} <= set(PAIRWISE_DECODERS)
     assert {"wikihow", "recipeqa", "mateo", "rfg", "catbench", "roc", "iso", "coherence"} <= set(ADAPTERS)
+    assert {"sequencing", "pretraining"} <= set(VIEWS)
     assert {"text", "clipvil", "visualbert", "image"} <= set(ENCODERS)
     assert {"clip_vit_b32", "resnet50", "efficientnet_lite0"} <= set(VISUAL_BACKBONES)
 
@@ -448,3 +450,46 @@ def test_adding_an_adapter_is_one_new_module_and_one_data_config(drop_in, compos
     out = tmp_path / "prepared"
     assert prepare_data.main(["toy_lines", "--src", str(release), "--out", str(out), "--no-progress"]) == 0
     assert sorted(p.name for p in out.glob("*.jsonl")) == ["test.jsonl", "train.jsonl", "val.jsonl"]
+
+
+def test_adding_a_task_view_is_one_new_module_and_one_data_config_and_its_fields_reach_the_batch(
+        drop_in, compose_train, tmp_path):
+    from hydra.utils import instantiate
+
+    assert drop_in("data_modules.views", VIEWS, "toy_next_step.py", '''
+        """Toy: a procedure's first steps in authored order; the target is the position of the step that comes next."""
+        from data_modules.views.base import TaskView, ViewItem
+        from data_modules.views.registry import register_view
+
+
+        @register_view
+        class NextStepView(TaskView):
+            task = "toy_next_step"
+            fields = ("next_step",)  # ViewItem.meta keys the collator carries into the batch
+
+            def __getitem__(self, key):
+                idx, _ = self._key(key)
+                proc = self.procedures[idx]
+                n = min(proc.num_steps, self.max_steps) - 1
+                return ViewItem(procedure_id=proc.id, steps=proc.steps[:n], step_index=list(range(n)),
+                                gold=list(range(n)), references=[list(range(n))], dag=None, category=proc.category,
+                                root=proc.root, meta={"next_step": n})
+    ''') == ["toy_next_step"]
+    search = config_file(tmp_path, "data", "toy_next_step", """
+        defaults:
+          - synthetic
+          - _self_
+        task: toy_next_step
+        view:
+          max_steps: 4
+    """)
+    cfg = compose_train("experiment=order_baseline", "data=toy_next_step", "modality=text", search)
+    dm = instantiate(cfg.data)
+    dm.setup("fit")
+    view = dm.datasets["val"]
+    assert type(view).__name__ == "NextStepView" and view.name == "val toy_next_step" and view.max_steps == 4
+    items = [view[i] for i in range(3)]
+    batch = dm.collator(items)
+    expected = [min(p.num_steps, 4) - 1 for p in view.procedures[:3]]
+    assert batch["next_step"].dtype == torch.long and batch["next_step"].tolist() == expected
+    assert batch["step_mask"].sum(1).tolist() == expected and [m["id"] for m in batch["meta"]] == [i.procedure_id for i in items]

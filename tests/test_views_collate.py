@@ -63,7 +63,7 @@ def test_sequencing_view_permutation_and_references(root):
 
 def test_gold_is_the_inverse_permutation_hand_checked(root, monkeypatch):
     """With a known permutation, every field of the item is checked by hand."""
-    import data_modules.views as views
+    import data_modules.views.sequencing as views
 
     class Fixed:
         def permutation(self, n):
@@ -252,6 +252,51 @@ def test_step_tokens_equal_the_tokenizer_and_tokenise_each_text_once(tokenizer):
     assert input_ids[1, -2:].tolist() == tokenizer("")["input_ids"]
     full = StepTokens(tokenizer, max_entries=1)   # beyond the cap texts are tokenised every time, still right
     assert full.batch(texts[:2], 60, 5)[0].tolist() == tokenizer(texts[:2], padding="longest")["input_ids"]
+
+
+def test_the_views_declared_fields_reach_the_batch_stacked_or_as_lists(root):
+    """Each declared ViewItem.meta key becomes a batch key: numbers a tensor (B,), tensors of one shape stacked,
+    anything else the list of values; undeclared meta keys stay out."""
+    items = [SequencingView([_proc(pid, 3, root)])[0] for pid in ("a", "b")]
+    for k, item in enumerate(items):
+        item.meta.update({"next": k + 1, "weight": 0.5 * k, "mask": torch.tensor([k, 1 - k]), "label": f"L{k}",
+                          "ragged": [0] * (k + 1), "hidden": 7})
+    collate = StepCollator(use_text=False, use_images=False, fields=("next", "weight", "mask", "label", "ragged"))
+    batch = collate(items)
+    assert batch["next"].dtype == torch.long and batch["next"].tolist() == [1, 2]
+    assert batch["weight"].dtype == torch.float32 and batch["weight"].tolist() == [0.0, 0.5]
+    assert batch["mask"].tolist() == [[0, 1], [1, 0]]
+    assert batch["label"] == ["L0", "L1"] and batch["ragged"] == [[0], [0, 0]] and "hidden" not in batch
+    assert "next" not in StepCollator(use_text=False, use_images=False)(items)   # nothing declared, nothing carried
+
+
+def test_a_field_the_collator_fills_or_an_item_lacks_is_refused_naming_it(root):
+    with pytest.raises(ValueError) as err:
+        StepCollator(use_text=False, use_images=False, fields=("next", "gold"))
+    assert str(err.value).startswith("the task view's fields ['gold'] name batch keys the collator fills itself; ")
+    items = [SequencingView([_proc(pid, 3, root)])[0] for pid in ("a", "b")]
+    items[0].meta["next"] = 1
+    with pytest.raises(ValueError) as err:
+        StepCollator(use_text=False, use_images=False, fields=("next",))(items)
+    assert str(err.value) == ("the task view declares the field 'next', but the items of procedures ['b'] have no "
+                              "such key in their meta")
+
+
+def test_a_view_registers_only_as_a_task_view_subclass_with_a_task_and_field_names():
+    from data_modules.views import VIEWS, TaskView, register_view
+
+    class Nameless(TaskView):
+        pass
+
+    class BadFields(TaskView):
+        task = "toy_bad_fields"
+        fields = "next"   # a string, not a tuple of keys
+
+    with pytest.raises(TypeError, match="register_view takes a TaskView subclass with its own task name"):
+        register_view(Nameless)
+    with pytest.raises(TypeError, match=r"fields must be a tuple of ViewItem.meta keys, got 'next'"):
+        register_view(BadFields)
+    assert "toy_bad_fields" not in VIEWS and VIEWS["sequencing"] is SequencingView and VIEWS["pretraining"] is PretrainingView
 
 
 def test_text_cap_to_sentences():

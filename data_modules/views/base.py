@@ -1,10 +1,8 @@
-"""Task views: datasets built on procedures.
+"""What every task view shares: the item it yields (:class:`ViewItem`), the base class (:class:`TaskView`:
+length policy, ``(index, epoch)`` keys, the per-split construction) and the procedure helpers
+(:func:`restrict_procedure`, :func:`reference_orders`, the seeded :func:`_rng`).
 
-* :class:`SequencingView` -- the steps of a procedure in a seeded shuffled order; the target is the
-  authored order; references are the explicit alternatives or all linear extensions of the DAG.
-* :class:`PretrainingView` -- ordered (sub-)sequences of at least ``min_steps`` steps.
-
-Both are map-style datasets whose items may be indexed by ``(index, epoch)`` (see
+A view is a map-style dataset whose items may be indexed by ``(index, epoch)`` (see
 :class:`data_modules.sampling.EpochSampler`), so the randomness of an epoch is a pure function of (seed, epoch, index):
 a run resumed from a checkpoint sees exactly the data the uninterrupted run would have seen.
 
@@ -12,7 +10,7 @@ Length policy (``too_long``) for procedures with more steps than ``max_steps``:
 ``truncate`` (default) keeps the first ``max_steps`` steps (the DAG restricted to them keeps every
 dependency between kept steps, because the authored order is a linear extension); ``skip`` drops
 the procedure. Procedures with fewer than 2 steps are always dropped. Both counts are logged and
-kept in :attr:`dropped`.
+kept in :attr:`TaskView.dropped`.
 """
 from __future__ import annotations
 
@@ -88,7 +86,28 @@ def reference_orders(num_steps: int, edges, alternatives, limit: int) -> tuple[l
     return refs, False
 
 
-class _ProcedureView(Dataset):
+class TaskView(Dataset):
+    """Base class of the task views: a registered view (:func:`data_modules.views.registry.register_view`)
+    sets ``task`` (the name ``data.task`` picks) and returns a :class:`ViewItem` from ``__getitem__(key)``
+    (``key``: an index or ``(index, epoch)``, read with :meth:`_key`).
+
+    ``fields``: keys of :attr:`ViewItem.meta` that the collator carries into the batch under the same name
+    (:class:`data_modules.collate.StepCollator`), for a view whose targets are not the step order;
+    ``ignores``: ``data.view`` options shared by other views that this one does not take (dropped, not refused).
+    """
+
+    task: str = ""
+    fields: tuple[str, ...] = ()
+    ignores: tuple[str, ...] = ()
+
+    @classmethod
+    def build(cls, procedures: Sequence[Procedure], split: str, seed: int = 0, reshuffle_train: bool = True,
+              **options: Any) -> "TaskView":
+        """The view of one split (``options``: ``data.view``); ``reshuffle_train`` is
+        ``data.reshuffle_train``, for views that draw a new instance each training epoch."""
+        options = {k: v for k, v in options.items() if k not in cls.ignores}
+        return cls(procedures, seed=seed, name=f"{split} {cls.task}", **options)
+
     def __init__(self, procedures: Sequence[Procedure], max_steps: int = 5, too_long: str = "truncate", seed: int = 0, name: str = "view"):
         if too_long not in ("truncate", "skip"):
             raise ValueError(f"data.view.too_long must be 'truncate' or 'skip', got {too_long!r}")
@@ -124,93 +143,3 @@ class _ProcedureView(Dataset):
         return int(key), 0
 
 
-class SequencingView(_ProcedureView):
-    """Shuffled steps of each procedure; target = authored order.
-
-    ``reshuffle=False`` (evaluation) gives every procedure one fixed permutation derived from
-    ``(seed, procedure id)``; ``reshuffle=True`` (training) draws a new one per epoch.
-    """
-
-    def __init__(self, procedures: Sequence[Procedure], max_steps: int = 5, too_long: str = "truncate", seed: int = 0,
-                 reshuffle: bool = False, reference_limit: int = 10000, name: str = "sequencing"):
-        super().__init__(procedures, max_steps, too_long, seed, name)
-        self.reshuffle = reshuffle
-        self.reference_limit = reference_limit
-        self.over_limit = 0
-        self._cache: dict[int, tuple] = {}
-
-    def _structure(self, idx: int):
-        if idx not in self._cache:
-            proc = self.procedures[idx]
-            keep = list(range(min(proc.num_steps, self.max_steps)))
-            steps, edges, alternatives = restrict_procedure(proc, keep)
-            refs, over = reference_orders(len(steps), edges, alternatives, self.reference_limit)
-            self.over_limit += over
-            self._cache[idx] = (steps, edges, refs)
-        return self._cache[idx]
-
-    def __getitem__(self, key) -> ViewItem:
-        idx, epoch = self._key(key)
-        proc = self.procedures[idx]
-        steps, edges, refs = self._structure(idx)
-        n = len(steps)
-        rng = _rng(self.seed, proc.id, epoch if self.reshuffle else "eval")
-        perm = [int(i) for i in rng.permutation(n)]  # perm[p] = original index at input position p
-        position = {orig: p for p, orig in enumerate(perm)}
-        return ViewItem(
-            procedure_id=proc.id,
-            steps=[steps[i] for i in perm],
-            step_index=perm,
-            gold=[position[k] for k in range(n)],
-            references=refs,
-            dag=None if edges is None else (n, edges),
-            category=proc.category,
-            root=proc.root,
-        )
-
-
-class PretrainingView(_ProcedureView):
-    """Ordered sub-sequences of ``min_steps..max_steps`` steps, in authored order.
-
-    Each epoch draws, per procedure, a length and the steps from ``(seed, epoch, index)``:
-    ``contiguous=True`` a window (consecutive steps), ``contiguous=False`` any ``length`` steps kept in
-    their authored order (a sub-sampled sequence, Wu et al. sec. 4.2), so two kept steps may lie
-    several steps apart, as the two steps that ISP swaps in a whole 5-step sequence do.
-    ``subsequences=False`` always uses the first ``max_steps`` steps.
-    """
-
-    def __init__(self, procedures: Sequence[Procedure], max_steps: int = 5, min_steps: int = 2, subsequences: bool = True,
-                 contiguous: bool = True, seed: int = 0, name: str = "pretraining"):
-        super().__init__(procedures, max_steps, "truncate", seed, name)
-        if not 2 <= min_steps <= max_steps:
-            raise ValueError(f"need 2 <= data.view.min_steps <= data.view.max_steps, got {min_steps}, {max_steps}")
-        self.min_steps = int(min_steps)
-        self.subsequences = subsequences
-        self.contiguous = bool(contiguous)
-
-    def __getitem__(self, key) -> ViewItem:
-        idx, epoch = self._key(key)
-        proc = self.procedures[idx]
-        n = proc.num_steps
-        if self.subsequences:
-            rng = _rng(self.seed, proc.id, epoch, "window")
-            length = int(rng.integers(min(self.min_steps, n), min(self.max_steps, n) + 1))
-            if self.contiguous:
-                start = int(rng.integers(0, n - length + 1))
-                keep = list(range(start, start + length))
-            else:
-                keep = sorted(int(i) for i in rng.choice(n, size=length, replace=False))
-        else:
-            keep = list(range(min(n, self.max_steps)))
-            length = len(keep)
-        steps, edges, _ = restrict_procedure(proc, keep)
-        return ViewItem(
-            procedure_id=proc.id,
-            steps=steps,
-            step_index=keep,
-            gold=list(range(length)),
-            references=[list(range(length))],
-            dag=None if edges is None else (length, edges),
-            category=proc.category,
-            root=proc.root,
-        )
