@@ -11,6 +11,9 @@ import train
 from conftest import TINY_BERT
 from seqaware.metrics.seeds import interval95, mean_std, seed_matched_gap
 
+TINY_BERT_CFG = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                 "intermediate_size": 64, "vocab_size": 30522, "max_position_embeddings": 128}
+
 
 def test_the_gap_interval_is_students_t_over_the_matched_seeds():
     # d = 1, 2, 3 (seed 4 has no N): mean 2, sd 1, t(0.975, 2) = 4.302653 -> 2 +- 4.302653 / sqrt(3) = 2 +- 2.484138
@@ -54,3 +57,29 @@ def test_n_and_y_of_one_seed_start_from_the_same_draw_of_every_layer_neither_pre
     other = _build(compose_train, "seed=4")
     drawn = [name for name in fresh if n.state_dict()[name].float().std() > 0]
     assert drawn and not any(torch.equal(other.state_dict()[name], n.state_dict()[name]) for name in drawn)
+
+
+@pytest.mark.parametrize("which", ["fresh", ["step_embedding"]])
+def test_ckpt_new_layers_fresh_keeps_this_runs_draw_of_the_layers_the_encoder_adds(tmp_path, which):
+    from seqaware.encoders import create_encoder, new_layer_keys
+
+    def build(**kw):
+        torch.manual_seed(0)
+        return create_encoder("clipvil", name_or_path="offline:minilm", config=TINY_BERT_CFG, visual=None,
+                              visual_feature_dim=8, **kw)
+    plain = build()
+    pretrained = {k: v + 0.5 if v.dtype.is_floating_point else v for k, v in plain.state_dict().items()}
+    torch.save(pretrained, tmp_path / "encoder.pt")
+    loaded = build(ckpt=str(tmp_path / "encoder.pt"), ckpt_new_layers=which)
+    fresh = set(new_layer_keys(plain, which))
+    assert fresh and all(k.startswith(("visual_proj", "visual_norm", "step_embedding")) for k in fresh)
+    if which != "fresh":
+        assert {k.split(".")[0] for k in fresh} == {"step_embedding"}
+    for key, value in loaded.state_dict().items():   # fresh: the draw of a run without ckpt; the rest: ckpt's
+        expected = plain.state_dict()[key] if key in fresh else pretrained[key]
+        torch.testing.assert_close(value, expected, rtol=0, atol=0, msg=key)
+    with pytest.raises(ValueError, match=r"ckpt_new_layers names \['bogus'\], not layers this encoder adds: "
+                                         r"\['step_embedding', 'visual_norm', 'visual_proj'\]"):
+        build(ckpt=str(tmp_path / "encoder.pt"), ckpt_new_layers=["bogus"])
+    with pytest.raises(ValueError, match="must be keep, fresh or a list"):
+        build(ckpt=str(tmp_path / "encoder.pt"), ckpt_new_layers="all")

@@ -45,12 +45,17 @@ def list_encoders() -> list[str]:
 
 
 def create_encoder(name: str, ckpt: Optional[str] = None, visual_ckpt: Optional[str] = None,
-                   **cfg: Any) -> SequenceEncoder:
+                   ckpt_new_layers: str | list[str] = "keep", **cfg: Any) -> SequenceEncoder:
     """Build the registered encoder ``name`` from its config values, then load its weights.
 
     This is the one place encoder weights from an earlier stage are loaded (every module builds its
     encoder through it): ``visual_ckpt`` initialises only the visual tower (``visual.*``, e.g.
     CLIP-ViL's from an image-only ``clip_image_pretrain`` run), then ``ckpt`` the whole encoder.
+    ``ckpt_new_layers`` (``model.encoder.ckpt_new_layers``) says what ``ckpt`` gives the layers the encoder
+    adds to its pretrained text / visual models (:meth:`~seqaware.encoders.base.SequenceEncoder.new_parameters`:
+    visual projection and LayerNorm, step embedding, ...): ``keep`` their values from ``ckpt``; ``fresh`` this
+    run's own draw of them (so ``ckpt`` gives the towers only, and a run with and one without ``ckpt`` start
+    those layers alike); or a list of their names (``[step_embedding]``) drawn fresh, the others kept.
     """
     encoder = ENCODERS.lookup(name, "model.encoder.name")(**cfg)
     if visual_ckpt:
@@ -59,8 +64,26 @@ def create_encoder(name: str, ckpt: Optional[str] = None, visual_ckpt: Optional[
                              "'visual' (a text-only encoder, or backbones.visual: null); drop visual_ckpt")
         load_encoder_checkpoint(encoder, visual_ckpt, submodule="visual")
     if ckpt:
-        load_encoder_checkpoint(encoder, ckpt)
+        load_encoder_checkpoint(encoder, ckpt, fresh=new_layer_keys(encoder, ckpt_new_layers))
     return encoder
+
+
+def new_layer_keys(encoder: SequenceEncoder, which: str | list[str]) -> list[str]:
+    """The state-dict keys of the new layers ``which`` names (``keep``: none; ``fresh``: all of them; a list:
+    those whose attribute name is listed); an unknown choice or name is an error listing the names."""
+    ids = {id(p) for p in encoder.new_parameters()}
+    keys = [k for k, p in encoder.named_parameters() if id(p) in ids]
+    names = sorted({k.split(".")[0] for k in keys})
+    if which == "keep":
+        return []
+    if which == "fresh":
+        return keys
+    if isinstance(which, str) or not all(isinstance(n, str) for n in which):
+        raise ValueError(f"model.encoder.ckpt_new_layers must be keep, fresh or a list of new layers {names}, got {which!r}")
+    unknown = sorted(set(which) - set(names))
+    if unknown:
+        raise ValueError(f"model.encoder.ckpt_new_layers names {unknown}, not layers this encoder adds: {names}")
+    return [k for k in keys if k.split(".")[0] in set(which)]
 
 
 @register_encoder("text")

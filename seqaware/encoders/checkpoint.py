@@ -9,7 +9,7 @@ from an image-only pretraining run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 from torch import nn
@@ -33,13 +33,20 @@ def read_state(path: str | Path, prefix: str = "encoder.") -> dict[str, torch.Te
 
 
 def load_encoder_checkpoint(encoder: nn.Module, path: str | Path, prefix: str = "encoder.",
-                            submodule: Optional[str] = None) -> nn.Module:
+                            submodule: Optional[str] = None, fresh: Iterable[str] = ()) -> nn.Module:
     """Load the encoder (or its ``submodule``, e.g. ``visual``) weights from ``path`` strictly.
 
     A mismatch raises naming the file and the first missing / unexpected keys -- loading the wrong
-    stage's checkpoint must not silently leave half the model random.
+    stage's checkpoint must not silently leave half the model random.  ``fresh``: state-dict keys of the
+    whole encoder that keep the values the encoder was built with (the file must still hold them).
     """
     state = read_state(path, prefix)
+    fresh = set(fresh)
+    if fresh:
+        lost = sorted(fresh - set(state))
+        if lost:
+            raise ValueError(f"{path} does not match the configured {type(encoder).__name__}: missing {lost[:5]}")
+        state = {k: v for k, v in state.items() if k not in fresh}
     target: nn.Module = encoder
     if submodule:
         sub_prefix = submodule + "."
@@ -48,6 +55,7 @@ def load_encoder_checkpoint(encoder: nn.Module, path: str | Path, prefix: str = 
         state = {k[len(sub_prefix):]: v for k, v in state.items() if k.startswith(sub_prefix)}
         target = encoder.get_submodule(submodule)
     missing, unexpected = target.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in fresh]
     if missing or unexpected:
         raise ValueError(f"{path} does not match the configured {type(target).__name__}"
                          f"{' (' + submodule + ')' if submodule else ''}: missing {list(missing)[:5]}, "
