@@ -292,6 +292,21 @@ def test_decoding_choice_is_validated():
         assert [sorted(o) for o in orders] == [list(range(5)), list(range(3))]
 
 
+@pytest.mark.parametrize("new_layers_lr, lrs", [("encoder", [1e-3, 5e-3]), ("head", [1e-3, 5e-3]),
+                                                  (2e-4, [1e-3, 5e-3, 2e-4])])
+def test_new_layers_lr_puts_the_layers_the_encoder_adds_in_their_group(new_layers_lr, lrs):
+    module = _module("multimodal", head_lr=5e-3, pair_encoding="joint", new_layers_lr=new_layers_lr)
+    groups = module.param_groups()
+    assert [g.get("lr", 1e-3) for g in groups] == lrs
+    new = {id(p) for p in module.encoder.new_parameters()}
+    assert new and sum(len(g["params"]) for g in groups) == len([p for p in module.parameters() if p.requires_grad])
+    home = {"encoder": 0, "head": 1}.get(new_layers_lr, 2)
+    assert {id(p) for p in groups[home]["params"]} >= new
+    assert not any(id(p) in new for i, g in enumerate(groups) if i != home for p in g["params"])
+    with pytest.raises(ValueError, match="model.new_layers_lr must be encoder, head or a positive learning rate, got 'fast'"):
+        _module("text", new_layers_lr="fast")
+
+
 def test_model_compile_puts_the_encoder_alone_under_torch_compile_and_keeps_the_checkpoint_keys():
     """``model.compile`` (the GPU speed switch of ``hparams=roc_base``): the encoder runs compiled, the BERSON network
     eagerly, and the state dict is the eager module's, so checkpoints load either way.  That a compiled encoder
