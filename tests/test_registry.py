@@ -25,6 +25,7 @@ from registry import DuplicateNameError, Registry, UnknownNameError
 from seqaware.encoders import ENCODERS
 from seqaware.encoders.visual import VISUAL_BACKBONES
 from seqaware.objectives import OBJECTIVES, Objective, register_objective
+from seqaware.text_models import TEXT_MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,6 +191,7 @@ def test_the_project_registries_hold_their_built_ins():
     assert {"pairwise_greedy", "borda", "topological", "exact"} <= set(PAIRWISE_DECODERS)
     assert {"wikihow", "recipeqa", "mateo", "rfg", "catbench", "roc", "iso", "coherence"} <= set(ADAPTERS)
     assert {"sequencing", "pretraining"} <= set(VIEWS)
+    assert {"offline:minilm", "offline:mpnet"} <= set(TEXT_MODELS)
     assert {"text", "clipvil", "visualbert", "image"} <= set(ENCODERS)
     assert {"clip_vit_b32", "resnet50", "efficientnet_lite0"} <= set(VISUAL_BACKBONES)
 
@@ -493,3 +495,61 @@ def test_adding_a_task_view_is_one_new_module_and_one_data_config_and_its_fields
     expected = [min(p.num_steps, 4) - 1 for p in view.procedures[:3]]
     assert batch["next_step"].dtype == torch.long and batch["next_step"].tolist() == expected
     assert batch["step_mask"].sum(1).tolist() == expected and [m["id"] for m in batch["meta"]] == [i.procedure_id for i in items]
+
+
+def test_adding_a_text_model_by_name_is_one_new_module_and_one_backbones_config(drop_in, compose_train, tmp_path):
+    """``offline:toy_bert`` (a tiny BERT saved with MiniLM's tokenizer) registered in a new file of
+    seqaware/text_models/, picked by a backbones config: the encoder and the data module's tokenizer load it."""
+    from hydra.utils import instantiate
+    from transformers import BertConfig, BertModel
+
+    from seqaware.pretrained import load_tokenizer, resolve_name
+
+    folder = tmp_path / "toy_bert"
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)).save_pretrained(folder)
+    load_tokenizer("offline:minilm").save_pretrained(folder)
+    assert drop_in("seqaware.text_models", TEXT_MODELS, "toy_bert.py", f'''
+        """Toy: a 1-layer BERT in a folder (a real entry builds or finds its folder, e.g. in a package)."""
+        from pathlib import Path
+
+        from seqaware.text_models import register_text_model
+
+
+        @register_text_model("offline:toy_bert")
+        def toy_bert() -> Path:
+            return Path({str(folder)!r})
+    ''') == ["offline:toy_bert"]
+    assert resolve_name("offline:toy_bert") == str(folder)
+    search = config_file(tmp_path, "backbones", "toy", """
+        defaults:
+          - offline
+          - _self_
+        text: offline:toy_bert
+    """)
+    cfg = compose_train("experiment=teo_head_synthetic", "backbones=toy", search)
+    assert cfg.model.encoder.name_or_path == cfg.data.tokenizer == "offline:toy_bert"
+    model = instantiate(cfg.model)
+    assert model.encoder.hidden_size == 32 and sum(p.numel() for p in model.encoder.parameters()) < 2e6
+    assert len(instantiate(cfg.data).collator.tokenizer) == 30522 and model.encoder.backbone.config._name_or_path == str(folder)
+
+
+def test_a_text_model_is_registered_as_offline_name_with_a_function_of_no_arguments():
+    def folder():
+        return Path(".")
+
+    def needs(path):
+        return Path(path)
+
+    with pytest.raises(TypeError) as err:
+        TEXT_MODELS.register("roberta-large")(folder)
+    assert str(err.value) == ("a text model is registered as 'offline:NAME' (never a hub id or a folder), got "
+                              f"'roberta-large' for {__name__}:{folder.__qualname__}")
+    with pytest.raises(TypeError) as err:
+        TEXT_MODELS.register("offline:toy")(needs)
+    assert str(err.value) == (f"text model 'offline:toy' ({__name__}:{needs.__qualname__}) must be a function () -> "
+                              "the model's folder, got the required parameters ['path']")
+    with pytest.raises(DuplicateNameError) as err:
+        TEXT_MODELS.register("offline:minilm")(folder)
+    assert str(err.value) == ("text model 'offline:minilm' is registered twice: by seqaware.text_models.minilm:minilm "
+                              f"and by {__name__}:{folder.__qualname__}")
+    assert "offline:toy" not in TEXT_MODELS and "roberta-large" not in TEXT_MODELS
