@@ -70,11 +70,16 @@ SCOPE = (
 )
 
 # ``run --tests``: mutmut with its test selection narrowed to the given test files (its first pass records which of
-# them reach each function; a mutant then runs those that reach it).  mutmut has no option for it: set it in its config.
+# them reach each function; a mutant then runs those that reach it).  mutmut has no option for it: set it in its
+# config.  The files are left out of the fingerprint by which mutmut forgets every result when its test selection
+# changes: a file added later has only its tests' first pass run (mutmut finds new tests itself), and the survivors
+# run again against them, instead of every mutant.
 MUTMUT_WITH_TESTS = ("import sys\n"
-                     "from mutmut.configuration import config\n"
+                     "from mutmut.configuration import Config, config\n"
                      "cut = sys.argv.index('--')\n"
+                     "fingerprint = config().config_fingerprint()\n"
                      "config().pytest_add_cli_args_test_selection.extend(sys.argv[1:cut])\n"
+                     "Config.config_fingerprint = lambda self: fingerprint\n"
                      "from mutmut.__main__ import cli\n"
                      "cli(sys.argv[cut + 1:], prog_name='mutmut')\n")
 
@@ -173,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=None, help="parallel mutants (mutmut's default: CPUs)")
     parser.add_argument("--tests", nargs="+", metavar="PATH",
                         help="test files (pytest paths) mutmut draws from instead of every fast test; a mutant only "
-                             "another test would kill counts as surviving. Give the same list at every run of one "
-                             "mutants/ folder: mutmut forgets every result when its test selection changes")
+                             "another test would kill counts as surviving. A file added at a later run has its new "
+                             "tests' coverage recorded and the survivors run again; a file left out does not undo "
+                             "the kills of its tests (delete mutants/ or use --rerun for that)")
     args = parser.parse_args(argv)
     scope = tuple(args.only) if args.only else SCOPE
     if args.only:

@@ -144,18 +144,23 @@ def test_tests_narrow_the_tests_mutmut_draws_from_to_those_files(project, mutant
     import sys
 
     import mutmut.__main__ as mutmut_main
-    from mutmut.configuration import config, reset_config
+    from mutmut.configuration import Config, config, reset_config
 
     (project / "pyproject.toml").write_text((project / "pyproject.toml").read_text()
                                             + 'pytest_add_cli_args_test_selection = ["-m", "not slow"]\n')
+    monkeypatch.chdir(project)
+    reset_config()
+    plain = config().config_fingerprint()
     seen = []
     monkeypatch.setattr(mutmut_main, "cli", lambda argv, prog_name: seen.append(
-        (argv, prog_name, list(config().pytest_add_cli_args_test_selection))))
+        (argv, prog_name, list(config().pytest_add_cli_args_test_selection), config().config_fingerprint())))
     monkeypatch.setattr(sys, "argv", ["-c", *args[3:]])
-    monkeypatch.chdir(project)
+    monkeypatch.setattr(Config, "config_fingerprint", Config.config_fingerprint)   # the command replaces it
     reset_config()
     try:
         exec(mutation.MUTMUT_WITH_TESTS, {})
     finally:
         reset_config()
-    assert seen == [(args[6:], "mutmut", ["-m", "not slow", "tests/test_a.py", "tests/test_b.py"])]
+    # the files narrow the selection, but are no change of mutmut's configuration: results are kept when files
+    # are added (mutmut records the new tests' coverage itself)
+    assert seen == [(args[6:], "mutmut", ["-m", "not slow", "tests/test_a.py", "tests/test_b.py"], plain)]
