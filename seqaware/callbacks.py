@@ -14,7 +14,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 
 from seqaware.io import atomic_open
-from seqaware.reports import bar_chart, markdown_table, per_category
+from seqaware.reports import bar_chart, columns, markdown_table, per_category
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,9 @@ class CategoryReport(pl.Callback):
             if type(lg).__name__ == "WandbLogger":
                 import wandb
 
-                columns = ["category", "n", "pmr", "acc", "tau", "dist", "lcs", "lcstr"]
-                rows = [[name, row["n"]] + [row[c] for c in columns[2:]] for name, row in table.items()]
-                lg.experiment.log({"test/category_table": wandb.Table(columns=columns, data=rows),
+                metrics = columns()  # the report's: every sequencing metric
+                rows = [[name, row["n"]] + [row[c] for c in metrics] for name, row in table.items()]
+                lg.experiment.log({"test/category_table": wandb.Table(columns=["category", "n", *metrics], data=rows),
                                    f"test/category_{self.metric}": wandb.Image(str(chart))})
 
 

@@ -2,7 +2,8 @@
 
 A prediction record is what ``train.py`` writes to ``predictions_test.jsonl``: ``id``, ``category``
 (a category path), ``pred`` and ``references``.  Used by :class:`seqaware.callbacks.CategoryReport`
-at the end of testing and by ``scripts/compare_categories.py`` (text-only vs multimodal charts).
+at the end of testing and by ``scripts/compare_categories.py`` (text-only vs multimodal charts).  The columns
+are the sequencing metrics (:data:`seqaware.metrics.ordering.SEQUENCING_METRICS`, :func:`columns`).
 """
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from seqaware.io import atomic_open
-from seqaware.metrics.ordering import corpus_order_metrics
+from seqaware.metrics.ordering import corpus_order_metrics, order_keys
 
-COLUMNS = ("pmr", "acc", "tau", "dist", "lcs", "lcstr")
+
+def columns() -> tuple[str, ...]:
+    """The metric columns of a per-category table: every sequencing metric, in the list's order."""
+    return order_keys()
 
 
 def category_of(record: Mapping, level: int = 1) -> str:
@@ -34,14 +38,16 @@ def per_category(records: Iterable[Mapping], level: int = 1) -> dict[str, dict[s
     for name in sorted(groups) + ["all"]:
         recs = records if name == "all" else groups[name]
         scores = corpus_order_metrics([r["pred"] for r in recs], [r["references"] for r in recs])
-        table[name] = {k: float(scores[k]) for k in COLUMNS} | {"n": len(recs)}
+        table[name] = {k: float(scores[k]) for k in columns()} | {"n": len(recs)}
     return table
 
 
-def markdown_table(table: Mapping[str, Mapping[str, float]], columns: Sequence[str] = COLUMNS) -> str:
-    lines = ["| category | n | " + " | ".join(columns) + " |", "|---|---:|" + "---:|" * len(columns)]
+def markdown_table(table: Mapping[str, Mapping[str, float]], metrics: Sequence[str] | None = None) -> str:
+    """The table as markdown, one row per category; ``metrics``: the columns (default :func:`columns`)."""
+    metrics = columns() if metrics is None else metrics
+    lines = ["| category | n | " + " | ".join(metrics) + " |", "|---|---:|" + "---:|" * len(metrics)]
     for name, row in table.items():
-        lines.append(f"| {name} | {int(row['n'])} | " + " | ".join(f"{row[c]:.3f}" for c in columns) + " |")
+        lines.append(f"| {name} | {int(row['n'])} | " + " | ".join(f"{row[c]:.3f}" for c in metrics) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from seqaware.io import parse_test_metrics
-from seqaware.metrics.ordering import corpus_order_metrics
+from seqaware.metrics.ordering import corpus_order_metrics, order_keys
 from seqaware.modules.base import gather_unique, global_mean, global_share
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def test_two_processes_test_a_checkpoint_exactly_like_one(compose_train, cache_d
     assert one["test/n"] == two["test/n"] == 9.0
     assert len(preds_two) == 9 == len({p["id"] for p in preds_two})
     assert preds_two == preds_one
-    for key in ("test/acc", "test/pmr", "test/tau", "test/dist", "test/lcs", "test/lcstr"):
+    for key in (f"test/{k}" for k in order_keys()):   # every sequencing metric
         assert two[key] == one[key], key
     # the logged metrics are those of the predictions file
     from_file = corpus_order_metrics([p["pred"] for p in preds_two], [p["references"] for p in preds_two])

@@ -13,15 +13,22 @@ from sklearn.metrics import cohen_kappa_score
 
 from seqaware.metrics import OrderingMetrics
 from seqaware.metrics.ordering import (
-    ORDER_KEYS,
+    SEQUENCING_METRICS,
     binary_kappa,
     corpus_order_metrics,
     dag_order_metrics,
     order_kappa,
     order_metrics,
+    order_keys,
     pairwise_relations,
     select_reference,
 )
+
+
+def hand(scores: dict, **expected: float) -> bool:
+    """``scores`` has one value per sequencing metric, in the list's order (however many the list holds), and the
+    hand-computed ``expected`` ones (``approx``: the floats of 2/3 and the like)."""
+    return list(scores) == list(order_keys()) and {k: scores[k] for k in expected} == pytest.approx(expected)
 
 
 def random_perm(rng: random.Random, n: int) -> list[int]:
@@ -55,24 +62,23 @@ def brute_lcstr(a: list, b: list) -> int:
 # ---------------------------------------------------------------- per-instance metrics
 def test_hand_computed_example():
     m = order_metrics([2, 0, 1, 3], [0, 1, 2, 3])
-    assert m == pytest.approx({
-        "acc": 0.25,      # only position 3 agrees
-        "pmr": 0.0,
-        "dist": 4.0,      # |0-2| + |1-0| + |2-1| + |3-3|
-        "lcs": 3.0,       # 0 1 3
-        "lcstr": 2.0,     # 0 1
-        "tau": 1 / 3,     # 2 inversions of 6 pairs: 1 - 4/6
-    })
-    assert list(m) == list(ORDER_KEYS)
+    assert hand(m,
+                acc=0.25,      # only position 3 agrees
+                pmr=0.0,
+                dist=4.0,      # |0-2| + |1-0| + |2-1| + |3-3|
+                lcs=3.0,       # 0 1 3
+                lcstr=2.0,     # 0 1
+                tau=1 / 3)     # 2 inversions of 6 pairs: 1 - 4/6
+    assert {"acc", "pmr", "dist", "lcs", "lcstr", "tau"} <= set(order_keys())   # the built-ins, whatever else is added
     assert all(isinstance(v, float) for v in m.values())
 
 
 def test_identical_and_reversed():
-    assert order_metrics([3, 1, 2], [3, 1, 2]) == {"acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 3.0, "lcstr": 3.0, "tau": 1.0}
+    assert hand(order_metrics([3, 1, 2], [3, 1, 2]), acc=1.0, pmr=1.0, dist=0.0, lcs=3.0, lcstr=3.0, tau=1.0)
     m = order_metrics([4, 3, 2, 1, 0], [0, 1, 2, 3, 4])
     assert m["tau"] == -1.0 and m["lcs"] == 1.0 and m["lcstr"] == 1.0
     assert m["acc"] == pytest.approx(0.2) and m["dist"] == 12.0
-    assert order_metrics(["x"], ["x"]) == {"acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 1.0, "lcstr": 1.0, "tau": 1.0}
+    assert hand(order_metrics(["x"], ["x"]), acc=1.0, pmr=1.0, dist=0.0, lcs=1.0, lcstr=1.0, tau=1.0)
 
 
 def test_any_hashable_items_and_arrays():
@@ -117,7 +123,7 @@ def test_random_five_step_statistics():
     rng = np.random.default_rng(2)
     gold = list(range(5))
     samples = [order_metrics(rng.permutation(5).tolist(), gold) for _ in range(20000)]
-    mean = {k: np.mean([s[k] for s in samples]) for k in ORDER_KEYS}
+    mean = {k: np.mean([s[k] for s in samples]) for k in order_keys()}
     assert abs(mean["dist"] - 8.0) < 0.3        # exact expectation (n^2 - 1) / 3 = 8
     assert abs(mean["tau"]) < 0.03
     assert abs(mean["pmr"] - 1 / 120) < 0.004
@@ -159,7 +165,7 @@ def test_select_reference_wu2022_differs_from_joint():
     assert select_reference(pred, refs)[0] == 0                         # joint: (pmr, acc, tau ...)
     index, scores = select_reference(pred, refs, reference_selection="wu2022")   # (acc, pmr, lcstr ...)
     assert index == 1
-    assert scores == pytest.approx({"acc": 0.5, "pmr": 0.0, "dist": 6.0, "lcs": 2.0, "lcstr": 2.0, "tau": -2 / 3})
+    assert hand(scores, acc=0.5, pmr=0.0, dist=6.0, lcs=2.0, lcstr=2.0, tau=-2 / 3)
     # a perfect match always wins under both rules (acc 1 is the maximum too)
     assert select_reference(pred, [[1, 0, 2, 3], pred], reference_selection="wu2022")[0] == 1
     # acc before pmr-free lcstr: higher acc wins even with a shorter common substring
@@ -207,7 +213,7 @@ def test_wu2022_tie_breakers_minimum_swaps_hand_values():
 def test_select_reference_boundaries():
     for rule in ("joint", "wu2022"):
         index, scores = select_reference([7], [[7], [7]], rule)       # one item: everything perfect, first wins
-        assert index == 0 and scores == {"acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 1.0, "lcstr": 1.0, "tau": 1.0}
+        assert index == 0 and hand(scores, acc=1.0, pmr=1.0, dist=0.0, lcs=1.0, lcstr=1.0, tau=1.0)
         assert select_reference([0, 1], [[1, 0], [0, 1]], rule)[0] == 1
         assert select_reference(np.array([0, 1, 2]), torch.tensor([[0, 2, 1], [0, 1, 2]]), rule)[0] == 1
         with pytest.raises(ValueError, match="at least one order"):
@@ -233,7 +239,7 @@ def test_corpus_wu2022_selection_hand_computed():
     assert joint["tau"] == pytest.approx((2 / 3 + 1) / 2) and wu["tau"] == pytest.approx((-2 / 3 + 1) / 2)
     assert wu["dist"] == pytest.approx(3.0) and joint["dist"] == pytest.approx(1.0)
     assert wu["subset_multi/lcs"] == 2.0 and joint["subset_multi/lcs"] == 3.0
-    for k in ORDER_KEYS:  # single-reference scores do not depend on the rule
+    for k in order_keys():  # single-reference scores do not depend on the rule
         assert wu[f"single/{k}"] == joint[f"single/{k}"]
 
 
@@ -253,11 +259,11 @@ def test_corpus_scores_one_reference_for_all_metrics():
     refs = [[1, 2, 3, 4, 0], [0, 4, 3, 2, 1]]   # ref 1 is selected (acc 0.2 vs 0.0)
     out = corpus_order_metrics([pred], [refs])
     chosen = order_metrics(pred, refs[1])
-    for k in ORDER_KEYS:
+    for k in order_keys():
         assert out[k] == pytest.approx(chosen[k])
     # the metrics are not cherry-picked per key: ref 0 has a better lcstr (4) but is not used
     assert order_metrics(pred, refs[0])["lcstr"] == 4.0 and out["lcstr"] == 1.0
-    for k in ORDER_KEYS:
+    for k in order_keys():
         assert out[f"single/{k}"] == pytest.approx(order_metrics(pred, refs[0])[k])
 
 
@@ -533,11 +539,16 @@ def test_corpus_reads_array_references_and_keeps_single_scores_apart():
     """References given as one array per instance; the selected (second) reference is an exact match while the
     authored first one is reversed: multi-reference and single-reference scores differ."""
     out = corpus_order_metrics([np.array([1, 0])], [np.array([[0, 1], [1, 0]])])
-    assert out == {
-        "acc": 1.0, "pmr": 1.0, "dist": 0.0, "lcs": 2.0, "lcstr": 2.0, "tau": 1.0,
-        "single/acc": 0.0, "single/pmr": 0.0, "single/dist": 2.0, "single/lcs": 1.0, "single/lcstr": 1.0, "single/tau": -1.0,
-        "subset_multi/acc": 1.0, "subset_multi/pmr": 1.0, "subset_multi/dist": 0.0, "subset_multi/lcs": 2.0,
-        "subset_multi/lcstr": 2.0, "subset_multi/tau": 1.0, "n": 1.0, "n_single": 0.0, "n_multi": 1.0}
+    keys = order_keys()
+    assert list(out) == [*keys, *(f"single/{k}" for k in keys), *(f"subset_multi/{k}" for k in keys),
+                         "n", "n_single", "n_multi"]
+    assert {k: out[k] for k in out if not k.startswith("single/")} == {
+        **{k: v for k, v in order_metrics([1, 0], [1, 0]).items()},          # exact: the selected reference
+        **{f"subset_multi/{k}": v for k, v in order_metrics([1, 0], [1, 0]).items()}, "n": 1.0, "n_single": 0.0,
+        "n_multi": 1.0}
+    assert {k: out[f"single/{k}"] for k in keys} == order_metrics([1, 0], [0, 1])   # against the authored order
+    assert hand(order_metrics([1, 0], [1, 0]), acc=1.0, pmr=1.0, dist=0.0, lcs=2.0, lcstr=2.0, tau=1.0)
+    assert hand(order_metrics([1, 0], [0, 1]), acc=0.0, pmr=0.0, dist=2.0, lcs=1.0, lcstr=1.0, tau=-1.0)
     # one instance with one reference: the subset_single keys hold its scores (acc 1/3: only 0 in place)
     single = corpus_order_metrics([[0, 2, 1]], [[[0, 1, 2]]])
     assert single["subset_single/acc"] == 1 / 3 and single["subset_single/lcs"] == 2.0 and single["n_single"] == 1.0
@@ -577,6 +588,94 @@ def test_subset_multi_averages_over_every_multi_reference_instance():
     out = corpus_order_metrics(preds, refs)
     assert out["n_multi"] == 2.0
     first, second = order_metrics([0, 1, 2], [0, 1, 2]), order_metrics([2, 1, 0], [0, 1, 2])   # the selected references
-    for key in ORDER_KEYS:
+    for key in order_keys():
         assert out[f"subset_multi/{key}"] == pytest.approx((first[key] + second[key]) / 2)
         assert out[f"subset_single/{key}"] == pytest.approx(order_metrics([1, 0, 2], [1, 0, 2])[key])
+
+
+# ---------------------------------------------------------------- the list of metrics: adding one
+@pytest.fixture
+def toy_metric():
+    """One more sequencing metric, added as an entry of SEQUENCING_METRICS (taken out after the test): 1.0 when the
+    last predicted step is the reference's last; the joint rule ranks on it after every other metric."""
+    from seqaware.metrics.ordering import OrderMetric
+
+    place = max(m.selection for m in SEQUENCING_METRICS if m.selection is not None) + 1
+    metric = OrderMetric("last_right", lambda p: float(p[-1] == len(p) - 1), selection=place)
+    SEQUENCING_METRICS.append(metric)
+    yield metric
+    SEQUENCING_METRICS.remove(metric)
+
+
+def test_a_metric_added_to_the_list_reaches_scores_logs_reports_the_wandb_table_the_script_and_the_rule(
+        toy_metric, tmp_path, monkeypatch, capsys):
+    import json
+    import runpy
+    import sys
+    import types
+    from pathlib import Path
+
+    from seqaware.callbacks import CategoryReport
+    from seqaware.metrics import ORDER_KEYS
+    from seqaware.metrics.ordering import WU2022_RANKING, ranked_metrics
+    from seqaware.reports import markdown_table, per_category
+
+    pred, refs = [0, 1, 2, 3], [[0, 1, 3, 2], [1, 0, 2, 3]]
+    first, second = order_metrics(pred, refs[0]), order_metrics(pred, refs[1])
+    assert order_keys()[-1] == ORDER_KEYS[-1] == "last_right" and list(first) == list(order_keys())
+    assert (first["last_right"], second["last_right"]) == (0.0, 1.0)
+    # the rule: the built-ins tie on these references, so the new metric (ranked last) picks the second
+    assert {k: v for k, v in first.items() if k != "last_right"} == {k: v for k, v in second.items() if k != "last_right"}
+    assert ranked_metrics("joint")[-1] == "last_right" and ranked_metrics("wu2022") == WU2022_RANKING
+    assert select_reference(pred, refs) == (1, second)
+    assert select_reference(pred, refs, "wu2022")[0] == 0          # the authors' rule is fixed: the first wins the tie
+    # corpus scores and the torchmetrics wrapper the modules log from
+    corpus = corpus_order_metrics([pred], [refs])
+    assert (corpus["last_right"], corpus["single/last_right"], corpus["subset_multi/last_right"]) == (1.0, 0.0, 1.0)
+    logged = OrderingMetrics(sync_on_compute=False)
+    logged.update([pred], [refs])
+    assert {k: float(v) for k, v in logged.compute().items()} == corpus
+    # the per-category report (markdown, JSON) and the W&B category table
+    records = [{"id": "a", "category": ["x"], "pred": pred, "references": refs},
+               {"id": "b", "category": ["y"], "pred": [1, 0], "references": [[0, 1]]}]
+    table = per_category(records)
+    assert [table[c]["last_right"] for c in ("x", "y", "all")] == [1.0, 0.0, 0.5]
+    assert markdown_table(table).splitlines()[0] == f"| category | n | {' | '.join(order_keys())} |"
+    logged_tables = []
+    fake_wandb = types.SimpleNamespace(Table=lambda columns, data: (columns, data), Image=lambda path: path)
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    WandbLogger = type("WandbLogger", (), {"experiment": types.SimpleNamespace(log=logged_tables.append)})
+    module = types.SimpleNamespace(test_predictions=records, hparams={"modality": "text"})
+    CategoryReport(str(tmp_path)).on_test_end(types.SimpleNamespace(is_global_zero=True, loggers=[WandbLogger()]), module)
+    columns, rows = logged_tables[0]["test/category_table"]
+    assert columns == ["category", "n", *order_keys()] and rows[0] == ["x", 1, *(table["x"][k] for k in order_keys())]
+    assert json.loads((tmp_path / "category_report.json").read_text())["all"]["last_right"] == 0.5
+    # scripts/score_predictions.py: a column of its own, and its help says the joint rule ranks on it
+    path = tmp_path / "predictions_test.jsonl"
+    path.write_text(json.dumps({"pred": pred, "references": refs}) + "\n")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "score_predictions.py"
+    monkeypatch.setattr(sys, "argv", [str(script), str(path)])
+    runpy.run_path(str(script), run_name="__main__")
+    header, _, row = capsys.readouterr().out.strip().splitlines()
+    assert header == f"| system | {' | '.join(order_keys())} | single/pmr | single/tau |"
+    assert float(row.split("|")[2 + order_keys().index("last_right")]) == 1.0
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(script), run_name="__main__")
+    assert "joint ranks on pmr, acc, tau, lcs, lcstr, -dist, last_right;" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_metric_name_or_selection_place_taken_twice_is_refused_naming_it(monkeypatch):
+    from seqaware.metrics import ordering
+
+    acc = SEQUENCING_METRICS[order_keys().index("acc")]
+    monkeypatch.setattr(ordering, "SEQUENCING_METRICS", [*SEQUENCING_METRICS, ordering.OrderMetric("acc", acc.score)])
+    with pytest.raises(ValueError) as err:
+        order_metrics([0, 1], [0, 1])
+    assert str(err.value) == "SEQUENCING_METRICS names ['acc'] more than once"
+    monkeypatch.setattr(ordering, "SEQUENCING_METRICS",
+                        [*SEQUENCING_METRICS, ordering.OrderMetric("toy", acc.score, selection=acc.selection)])
+    with pytest.raises(ValueError) as err:
+        select_reference([0, 1], [[0, 1]])
+    assert str(err.value) == (f"SEQUENCING_METRICS: several metrics take the joint selection places [{acc.selection}]: "
+                              "['acc', 'toy']")

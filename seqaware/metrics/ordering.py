@@ -4,8 +4,11 @@ An *order* is a sequence of step ids (any hashable items, usually ints) in execu
 prediction and a reference must hold the same items, each exactly once; anything else raises
 ``ValueError``. NumPy arrays and torch tensors are accepted and read with ``tolist()``.
 
-Per-instance metrics (:func:`order_metrics`), with ``n`` items, ``pred`` the predicted and
-``gold`` the reference order:
+Per-instance metrics (:func:`order_metrics`): one declared list, :data:`SEQUENCING_METRICS`, which the
+corpus scores, the logged ``val/`` and ``test/`` metrics, the per-category reports (:mod:`seqaware.reports`, the
+W&B category table), ``scripts/score_predictions.py`` and the ``joint`` reference-selection rule all read, so a
+new metric is one entry there.  Built in, with ``n`` items, ``pred`` the predicted and ``gold`` the reference
+order:
 
 * ``acc`` -- share of positions ``k`` with ``pred[k] == gold[k]``.
 * ``pmr`` -- perfect match ratio: 1.0 if the orders are identical, else 0.0.
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -42,6 +45,10 @@ __all__ = [
     "ORDER_KEYS",
     "DAG_KEYS",
     "REFERENCE_SELECTIONS",
+    "SEQUENCING_METRICS",
+    "OrderMetric",
+    "order_keys",
+    "ranked_metrics",
     "order_metrics",
     "select_reference",
     "dag_order_metrics",
@@ -50,8 +57,6 @@ __all__ = [
     "order_kappa",
 ]
 
-#: Keys of :func:`order_metrics`, in the order they are reported.
-ORDER_KEYS = ("acc", "pmr", "dist", "lcs", "lcstr", "tau")
 #: Keys of :func:`dag_order_metrics`.
 DAG_KEYS = ("valid", "violated", "tau")
 
@@ -121,8 +126,85 @@ def _inversions(values: Sequence[int]) -> int:
     return int(np.triu(arr[:, None] > arr[None, :], k=1).sum())
 
 
+@dataclass(frozen=True)
+class OrderMetric:
+    """One per-instance ordering metric of the sequencing task (an entry of :data:`SEQUENCING_METRICS`).
+
+    ``score(p)``: its value for a prediction whose k-th item is at position ``p[k]`` of the reference (``p`` a
+    permutation of ``0 .. n-1``; the identity is a perfect prediction), a float.  ``higher_is_better``: its
+    direction.  ``selection``: its place in the key the ``joint`` reference-selection rule maximises, 1 first
+    (a metric where lower is better enters negated); None: the rule does not rank on it.
+    """
+
+    name: str
+    score: Callable[[Sequence[int]], float]
+    higher_is_better: bool = True
+    selection: int | None = None
+
+
+def _accuracy(p: Sequence[int]) -> float:
+    return sum(pk == k for k, pk in enumerate(p)) / len(p)
+
+
+def _perfect_match(p: Sequence[int]) -> float:
+    return float(all(pk == k for k, pk in enumerate(p)))
+
+
+def _distance(p: Sequence[int]) -> float:
+    return float(sum(abs(pk - k) for k, pk in enumerate(p)))
+
+
+def _common_subsequence(p: Sequence[int]) -> float:
+    return float(_longest_increasing(p))
+
+
+def _common_substring(p: Sequence[int]) -> float:
+    return float(_longest_consecutive_run(p))
+
+
+def _kendall_tau(p: Sequence[int]) -> float:
+    pairs = len(p) * (len(p) - 1) // 2
+    return 1.0 if pairs == 0 else 1.0 - 2.0 * _inversions(p) / pairs
+
+
+#: The sequencing task's metrics, in the order they are computed and reported (the ``val/`` / ``test/`` keys,
+#: ``single/`` / ``subset_*/`` variants, report columns): a new metric is one more entry, read by every consumer
+#: when it runs.  ``selection`` gives the ``joint`` rule's key ``(pmr, acc, tau, lcs, lcstr, -dist)``.
+SEQUENCING_METRICS: list[OrderMetric] = [
+    OrderMetric("acc", _accuracy, selection=2),
+    OrderMetric("pmr", _perfect_match, selection=1),
+    OrderMetric("dist", _distance, higher_is_better=False, selection=6),
+    OrderMetric("lcs", _common_subsequence, selection=4),
+    OrderMetric("lcstr", _common_substring, selection=5),
+    OrderMetric("tau", _kendall_tau, selection=3),
+]
+
+
+def order_keys() -> tuple[str, ...]:
+    """The names of :data:`SEQUENCING_METRICS`, in order; a name or a ``selection`` place taken twice raises
+    ``ValueError`` naming it."""
+    names = [m.name for m in SEQUENCING_METRICS]
+    places = [m.selection for m in SEQUENCING_METRICS if m.selection is not None]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"SEQUENCING_METRICS names {twice} more than once")
+    taken = sorted({k for k in places if places.count(k) > 1})
+    if taken:
+        raise ValueError(f"SEQUENCING_METRICS: several metrics take the joint selection places {taken}: "
+                         f"{[m.name for m in SEQUENCING_METRICS if m.selection in taken]}")
+    return tuple(names)
+
+
+def __getattr__(name: str) -> Any:
+    """``ORDER_KEYS``: :func:`order_keys`, read when asked (the list may have grown since import)."""
+    if name == "ORDER_KEYS":
+        return order_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def order_metrics(pred: Sequence[Hashable], gold: Sequence[Hashable]) -> dict[str, float]:
-    """``acc, pmr, dist, lcs, lcstr, tau`` of ``pred`` against ``gold`` (see the module docstring).
+    """Every metric of :data:`SEQUENCING_METRICS` (``acc, pmr, dist, lcs, lcstr, tau``, ...) of ``pred`` against
+    ``gold`` (see the module docstring), in the list's order.
 
     Both are read as step ids in execution order and must be permutations of each other
     (``ValueError`` otherwise). Because the orders are permutations, the longest common
@@ -131,16 +213,8 @@ def order_metrics(pred: Sequence[Hashable], gold: Sequence[Hashable]) -> dict[st
     consecutive.
     """
     p = _gold_positions(pred, gold)
-    n = len(p)
-    pairs = n * (n - 1) // 2
-    return {
-        "acc": sum(pk == k for k, pk in enumerate(p)) / n,
-        "pmr": float(all(pk == k for k, pk in enumerate(p))),
-        "dist": float(sum(abs(pk - k) for k, pk in enumerate(p))),
-        "lcs": float(_longest_increasing(p)),
-        "lcstr": float(_longest_consecutive_run(p)),
-        "tau": 1.0 if pairs == 0 else 1.0 - 2.0 * _inversions(p) / pairs,
-    }
+    order_keys()  # the list is well formed
+    return {m.name: float(m.score(p)) for m in SEQUENCING_METRICS}
 
 
 #: Rules of :func:`select_reference`: ``joint`` (seqaware's default) and ``wu2022`` (the authors' code).
@@ -173,10 +247,29 @@ def _minimum_swaps(p: Sequence[int], weighted: bool = False) -> int:
     return total
 
 
+#: The tuple ``reference_selection=wu2022`` maximises: the authors' code, fixed (a new metric never joins it).
+WU2022_RANKING = ("acc", "pmr", "lcstr", "lcs", "tau", "ms", "wms", "dist")
+
+
+def _joint_ranking() -> list[OrderMetric]:
+    order_keys()  # one metric per place
+    return sorted((m for m in SEQUENCING_METRICS if m.selection is not None), key=lambda m: m.selection)
+
+
+def ranked_metrics(rule: str) -> tuple[str, ...]:
+    """The metrics ``rule`` ranks the references on, most important first, ``-NAME`` for one it minimises:
+    ``joint``: the :data:`SEQUENCING_METRICS` with a ``selection`` place (``pmr, acc, tau, lcs, lcstr, -dist``);
+    ``wu2022``: :data:`WU2022_RANKING` (``ms`` / ``wms``: the minimum numbers of swaps, see
+    :func:`select_reference`)."""
+    if _check_reference_selection(rule) == "wu2022":
+        return WU2022_RANKING
+    return tuple(m.name if m.higher_is_better else f"-{m.name}" for m in _joint_ranking())
+
+
 def _selection_key(scores: dict[str, float], p: Sequence[int], rule: str) -> tuple[float, ...]:
     """The tuple :func:`select_reference` maximises (lexicographically) under ``rule``."""
     if rule == "joint":
-        return (scores["pmr"], scores["acc"], scores["tau"], scores["lcs"], scores["lcstr"], -scores["dist"])
+        return tuple(scores[m.name] if m.higher_is_better else -scores[m.name] for m in _joint_ranking())
     # wu2022: Wu et al.'s released code, trainers/metrics.py, multiref_metrics(..., multiref_metrics="max"):
     # the per-reference tuple follows METRICS = [partial_match (Acc), exact_match (PMR), lcs_substr,
     # lcs, tau, ms, wms, distance_based] and `sorted(metric_list, reverse=True)[0]` is kept -- every
@@ -201,7 +294,8 @@ def select_reference(pred: Sequence[Hashable], references: Sequence[Sequence[Has
     compared lexicographically, and on a full tie the reference listed first wins:
 
     * ``joint`` (default): ``(pmr, acc, tau, lcs, lcstr, -dist)`` -- a perfect match first, then
-      the most positions right, then the highest tau, ...;
+      the most positions right, then the highest tau, ...: the metrics of :data:`SEQUENCING_METRICS` with a
+      ``selection`` place, in that order (:func:`ranked_metrics`);
     * ``wu2022``: the rule of Wu et al.'s released evaluation (``trainers/metrics.py``,
       ``multiref_metrics``): ``(acc, pmr, lcstr, lcs, tau, ms, wms, dist)`` where ``ms``/``wms``
       are the (weighted) minimum numbers of swaps; the last three only break ties of the first
@@ -288,7 +382,7 @@ def _score_instance(pred: Any, references: Any, dag: Any = None, reference_selec
 
 def _empty_totals() -> dict[str, np.ndarray]:
     """Sums of every accumulated quantity (the corpus metrics are ratios of these)."""
-    totals = {group: np.zeros(len(ORDER_KEYS)) for group in _ORDER_GROUPS}
+    totals = {group: np.zeros(len(order_keys())) for group in _ORDER_GROUPS}
     totals["dag"] = np.zeros(len(DAG_KEYS))
     totals["counts"] = np.zeros(len(_COUNT_KEYS))
     return totals
@@ -307,6 +401,7 @@ def _accumulate(preds: Sequence, references: Sequence, dags: Sequence | None = N
     if len(dags) != len(preds):
         raise ValueError(f"got {len(preds)} predictions but {len(dags)} DAGs")
     totals = _empty_totals()
+    keys = order_keys()
     for i, (pred, refs, dag) in enumerate(zip(preds, references, dags)):
         try:
             scores = _score_instance(pred, refs, dag, reference_selection)
@@ -314,9 +409,9 @@ def _accumulate(preds: Sequence, references: Sequence, dags: Sequence | None = N
             if type(err) is ValueError:  # name the instance; keep subclasses (CycleError) as they are
                 raise ValueError(f"instance {i}: {err}") from err
             raise
-        multi = np.array([scores.multi[k] for k in ORDER_KEYS])
+        multi = np.array([scores.multi[k] for k in keys])
         totals["multi"] += multi
-        totals["single"] += np.array([scores.single[k] for k in ORDER_KEYS])
+        totals["single"] += np.array([scores.single[k] for k in keys])
         subset = "subset_single" if scores.num_references == 1 else "subset_multi"
         totals[subset] += multi
         totals["counts"] += [1.0, float(subset == "subset_single"), float(subset == "subset_multi"), 0.0]
@@ -329,14 +424,16 @@ def _accumulate(preds: Sequence, references: Sequence, dags: Sequence | None = N
 def _finalize(totals: dict[str, np.ndarray]) -> dict[str, float]:
     """Averages from summed totals; a group with no instances contributes no keys (never NaN)."""
     n, n_single, n_multi, dag_n = (float(c) for c in totals["counts"])
+    keys = order_keys()
     out: dict[str, float] = {}
     if n > 0:
-        out.update({k: float(v) / n for k, v in zip(ORDER_KEYS, totals["multi"])})
-        out.update({f"single/{k}": float(v) / n for k, v in zip(ORDER_KEYS, totals["single"])})
+        out.update({k: float(v) / n for k, v in zip(keys, totals["multi"], strict=True)})
+        out.update({f"single/{k}": float(v) / n for k, v in zip(keys, totals["single"], strict=True)})
     if n_single > 0:
-        out.update({f"subset_single/{k}": float(v) / n_single for k, v in zip(ORDER_KEYS, totals["subset_single"])})
+        out.update({f"subset_single/{k}": float(v) / n_single
+                    for k, v in zip(keys, totals["subset_single"], strict=True)})
     if n_multi > 0:
-        out.update({f"subset_multi/{k}": float(v) / n_multi for k, v in zip(ORDER_KEYS, totals["subset_multi"])})
+        out.update({f"subset_multi/{k}": float(v) / n_multi for k, v in zip(keys, totals["subset_multi"], strict=True)})
     out.update({"n": n, "n_single": n_single, "n_multi": n_multi})
     if dag_n > 0:
         out.update({f"dag/{k}": float(v) / dag_n for k, v in zip(DAG_KEYS, totals["dag"])})
@@ -363,8 +460,8 @@ def corpus_order_metrics(
 
     Returns a dict of floats:
 
-    * ``acc, pmr, dist, lcs, lcstr, tau`` -- multi-reference averages: each instance is scored
-      against ONE reference, picked by ``reference_selection`` (:func:`select_reference`):
+    * ``acc, pmr, dist, lcs, lcstr, tau`` (every :data:`SEQUENCING_METRICS` entry) -- multi-reference
+      averages: each instance is scored against ONE reference, picked by ``reference_selection`` (:func:`select_reference`):
       ``joint`` maximises ``(pmr, acc, tau, lcs, lcstr, -dist)``, ``wu2022`` the tuple of
       Wu et al.'s released code ``(acc, pmr, lcstr, lcs, tau, ...)``; the first listed
       reference wins full ties;
