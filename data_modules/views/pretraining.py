@@ -20,7 +20,8 @@ class PretrainingView(TaskView):
     """
 
     task = "pretraining"
-    ignores = ("too_long", "reference_limit")  # data/base.yaml sets too_long for every view; sub-sequences never exceed max_steps
+    # data/base.yaml sets too_long for every view; a sub-sequence never exceeds max_steps
+    ignores = ("too_long", "reference_limit")
 
     def __init__(self, procedures: Sequence[Procedure], max_steps: int = 5, min_steps: int = 2, subsequences: bool = True,
                  contiguous: bool = True, seed: int = 0, name: str = "pretraining"):

@@ -38,8 +38,10 @@ def _check_text_model(name: str, folder: Any, tags: dict) -> None:
     if not isinstance(name, str) or not name.startswith(OFFLINE_PREFIX) or name == OFFLINE_PREFIX:
         raise TypeError(f"a text model is registered as '{OFFLINE_PREFIX}NAME' (never a hub id or a folder), "
                         f"got {name!r} for {place(folder)}")
-    required = [p.name for p in inspect.signature(folder).parameters.values()
-                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)] if callable(folder) else None
+    required = None
+    if callable(folder):
+        required = [p.name for p in inspect.signature(folder).parameters.values()
+                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if required != []:
         raise TypeError(f"text model {name!r} ({place(folder)}) must be a function () -> the model's folder, "
                         f"got {'a non-callable' if required is None else f'the required parameters {required}'}")
