@@ -177,6 +177,21 @@ def help_groups(config_dir: str | Path = PROJECT_ROOT / "configs") -> str:
     return "\n".join(f"{group}: {', '.join(sorted(groups[group]))}" for group in order)
 
 
+def checkpoint_monitor(target: str) -> str | None:
+    """``${checkpoint_monitor:${model._target_}}``: the validation metric the model class declares for its best
+    checkpoint (:func:`seqaware.monitor.declared_monitor`)."""
+    from seqaware.monitor import declared_monitor
+
+    return declared_monitor(target)[0]
+
+
+def checkpoint_mode(target: str) -> str:
+    """``${checkpoint_mode:${model._target_}}``: ``max`` or ``min``, as the model class declares."""
+    from seqaware.monitor import declared_monitor
+
+    return declared_monitor(target)[1]
+
+
 def register_resolvers() -> None:
     resolvers = {
         # the checkout (or installed package) root; configs resolve relative paths against it
@@ -187,6 +202,9 @@ def register_resolvers() -> None:
         # trainer.inference_mode: evaluation under torch.inference_mode unless the encoder is compiled (model.compile)
         "inference_mode": lambda compile: not compile,
         "help_groups": help_groups,
+        # callbacks.model_checkpoint: the metric the model's class declares for its best checkpoint, and its direction
+        "checkpoint_monitor": checkpoint_monitor,
+        "checkpoint_mode": checkpoint_mode,
     }
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):

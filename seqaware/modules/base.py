@@ -20,7 +20,7 @@ from seqaware.config import to_plain
 from seqaware.master_weights import HALF_DTYPES, MasterWeights
 from seqaware.modules.finite import FiniteGuard
 from seqaware.metrics.torch_metrics import OrderingMetrics
-from seqaware.metrics.ordering import select_reference
+from seqaware.metrics.ordering import DAG_KEYS, order_keys, select_reference
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,11 @@ class SeqawareModule(FiniteGuard, pl.LightningModule):
     #: whether the whole training step runs in the parameters' dtype, so ``trainer.precision=bf16-true`` works;
     #: modules whose code computes parts in float32 (written for autocast) refuse it with a clear error
     half_precision_ready: bool = False
+    #: the validation metric the best checkpoint is chosen on and whether higher (``max``) or lower (``min``) is
+    #: better: ``callbacks.model_checkpoint`` takes them unless a config sets its own (``seqaware/monitor.py``).
+    #: Every module declares its own (``None``: it validates nothing, the last weights are tested).
+    monitor: Optional[str]
+    monitor_mode: str = "max"
     master_weights: Optional[MasterWeights] = None
     _master_sources: Optional[dict[int, torch.Tensor]] = None
     _frozen_sources: Optional[dict[str, torch.Tensor]] = None
@@ -165,6 +170,11 @@ class SeqawareModule(FiniteGuard, pl.LightningModule):
         options = {} if compile is True else dict(compile)
         self.encoder.compile(**options)
         log.info("the encoder runs under torch.compile(%s)", ", ".join(f"{k}={v!r}" for k, v in options.items()))
+
+    def validation_metrics(self) -> list[str]:
+        """Every metric a validation of this module may log (``val/...``): what ``callbacks.model_checkpoint.monitor``
+        may name (:class:`seqaware.monitor.MonitorCheck` refuses anything else before training). Default: none."""
+        return []
 
     def frozen_modules(self) -> list[nn.Module]:
         """Modules that stay in eval mode while the rest trains (each one itself, not its children:
@@ -329,7 +339,22 @@ class OrderingEvalMixin(GatheredEvalMixin):
     ``sum / count`` over the split (``test/...`` likewise), the same on every rank and for any
     world size.  Test predictions are kept in :attr:`test_predictions` (the same records, sorted
     by id) for ``train.py`` to write, so the file and the logged metrics agree.
+
+    The best checkpoint has the highest ``val/pmr``.  ``eval_losses``: the losses a subclass records per
+    instance (:meth:`_record_orders`, :meth:`_derived_losses`), logged as ``val/<name>``.
     """
+
+    monitor = "val/pmr"
+    monitor_mode = "max"
+    eval_losses: tuple[str, ...] = ("loss",)
+
+    def validation_metrics(self) -> list[str]:
+        """Every sequencing metric (:data:`~seqaware.metrics.ordering.SEQUENCING_METRICS`) against the selected
+        and the authored reference and per subset, the counts, the DAG scores (data with DAGs) and the losses."""
+        keys = order_keys()
+        names = [*keys, *(f"{group}/{k}" for group in ("single", "subset_single", "subset_multi") for k in keys),
+                 "n", "n_single", "n_multi", *(f"dag/{k}" for k in DAG_KEYS), "dag/n", *self.eval_losses]
+        return [f"val/{name}" for name in names]
 
     def _init_eval(self, reference_selection: str = "joint") -> None:
         # the metrics see records already gathered over ranks: they must not sum again over ranks

@@ -158,6 +158,8 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
     """
 
     half_precision_ready = True  # trainer.precision=bf16-true (float32 master weights): tests/test_master_weights.py
+    monitor = "val/loss"         # the best checkpoint (exported as encoder.pt): the lowest validation loss
+    monitor_mode = "min"
 
     def __init__(self, encoder: dict, optimizer: dict, objectives: Optional[dict] = None,
                  scheduler: Optional[dict] = None, visual: Optional[dict] = None, schedule_seed: int = 0,
@@ -467,6 +469,12 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         values[f"{stage}/loss"] = sum(group_losses) / len(group_losses)
         values[f"{stage}/n"] = float(len(records))
         return values
+
+    def validation_metrics(self) -> list[str]:
+        """``val/loss``, ``val/n`` and each enabled objective's ``_loss``, ``_acc`` and ``_chance``
+        (:meth:`eval_metrics`; an objective's extra statistics are logged too but not listed)."""
+        stats = [f"{name}_{stat}" for name in self.objectives for stat in ("loss", "acc", "chance")]
+        return ["val/loss", "val/n", *(f"val/{k}" for k in stats)]
 
     def _log_eval(self, stage: str) -> None:
         # distributed samplers pad the last rank's share with repeats: each sequence counts once

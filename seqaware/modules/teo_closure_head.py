@@ -164,6 +164,7 @@ class TeoClosureHeadModule(SeqawareModule):
 
     Frozen parts: the encoder, unless ``encoder_lr`` is set.
     """
+    monitor = None  # no validation (settings come from the cross-validation): the weights after the last step are tested
 
     def __init__(self, encoder: dict, optimizer: dict, head: Optional[dict] = None, members: int = 3,
                  cv_grid: Optional[Sequence[dict]] = None, cv_metric: str = "macro_f1", threshold: Any = "cv",

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 BINARY_COLUMNS = (("accuracy", "accuracy"), ("f1_yes", "dependent F1"), ("macro_f1", "macro F1"),
                   ("twin_consistency", "twin consistency"), ("n", "n"))
+# what an evaluation logs: <stage>/teo_<key> on TEO sets, <stage>/catbench_<key> and <stage>/majority_<key> on CaT-Bench
+TEO_KEYS = ("consistency_accuracy", "macro_f1", "f1_before", "f1_after", "f1_independent")
+CATBENCH_KEYS = ("accuracy", "f1_yes", "macro_f1", "twin_consistency")
+MAJORITY_KEYS = ("accuracy", "f1_yes", "macro_f1")
 
 
 class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
@@ -43,6 +47,8 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
     """
 
     half_precision_ready = True  # trainer.precision=bf16-true (float32 master weights): tests/test_master_weights.py
+    monitor = "val/teo_consistency_accuracy"   # the best checkpoint: the highest consistency accuracy on TEO pairs
+    monitor_mode = "max"
 
     def __init__(self, encoder: dict, optimizer: dict, scheduler: Optional[dict] = None, dropout: float = 0.1,
                  head_lr: Optional[float] = None):
@@ -108,10 +114,9 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
             # the before / after twins of a step pair: answered alike? (not guaranteed for a pair head)
             twins = [(item.get("plan_idx"), item.get("plan"), item.get("first"), item.get("second")) for item, _ in catbench]
             rows["teo head"].update(twin_consistency(twins, answers))
-            self.log_dict({f"{stage}/catbench_{k}": float(rows["teo head"][k])
-                           for k in ("accuracy", "f1_yes", "macro_f1", "twin_consistency")})
+            self.log_dict({f"{stage}/catbench_{k}": float(rows["teo head"][k]) for k in CATBENCH_KEYS})
             majority = next(name for name in rows if name.startswith("majority"))
-            self.log_dict({f"{stage}/majority_{k}": float(rows[majority][k]) for k in ("accuracy", "f1_yes", "macro_f1")})
+            self.log_dict({f"{stage}/majority_{k}": float(rows[majority][k]) for k in MAJORITY_KEYS})
             if stage == "test":
                 self.test_predictions = [{"id": item["pair_id"], "direction": item["direction"], "first": item.get("first"),
                                           "second": item.get("second"), "pred_relation": pred,
@@ -130,8 +135,7 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
         if not rows:
             return {}
         ours = rows["teo head"]
-        self.log_dict({f"{stage}/teo_{k}": float(ours[k]) for k in
-                       ("consistency_accuracy", "macro_f1", "f1_before", "f1_after", "f1_independent")})
+        self.log_dict({f"{stage}/teo_{k}": float(ours[k]) for k in TEO_KEYS})
         self.log(f"{stage}/majority_consistency_accuracy", float(rows["majority"]["consistency_accuracy"]))
         if stage == "test":
             self.test_predictions = [{"id": p["pair_id"], "pred": y, "gold": p["label"]} for p, y in original + swapped]
@@ -139,3 +143,10 @@ class TeoHeadModule(GatheredEvalMixin, SeqawareModule):
         return rows
 
     _log_eval = _report  # GatheredEvalMixin scores each epoch with it (the test rows land in test_rows)
+
+    def validation_metrics(self) -> list[str]:
+        """``val/loss``, ``val/n``, then on TEO pairs ``val/teo_*`` and the majority row's consistency, on
+        CaT-Bench questions ``val/catbench_*`` and ``val/majority_*`` (:meth:`_report`)."""
+        names = ["loss", "n", *(f"teo_{k}" for k in TEO_KEYS), "majority_consistency_accuracy",
+                 *(f"catbench_{k}" for k in CATBENCH_KEYS), *(f"majority_{k}" for k in MAJORITY_KEYS)]
+        return [f"val/{name}" for name in names]

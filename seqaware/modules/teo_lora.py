@@ -89,6 +89,8 @@ class TeoLoraModule(SeqawareModule):
     """
 
     half_precision_ready = True  # trainer.precision=bf16-true (float32 master weights): tests/test_master_weights.py
+    monitor = "val/teo_consistency_accuracy"   # the best checkpoint: consistency accuracy on the validation pairs
+    monitor_mode = "max"
 
     def __init__(self, name_or_path: str = "tiny", tiny: dict | None = None, init_seed: int = 0, dtype: str = "float32",
                  attn_implementation: str | None = "sdpa", lora: dict | None = None, gradient_checkpointing: bool = False,
@@ -199,6 +201,10 @@ class TeoLoraModule(SeqawareModule):
     def _gathered(self) -> list[dict[str, Any]]:
         """This epoch's records from every rank, each (set, pair_id) once (samplers pad by repeats)."""
         return gather_unique(self._eval_buffer, key=lambda r: (r["set"], r["pair_id"]))
+
+    def validation_metrics(self) -> list[str]:
+        """``val/teo_<key>`` of every :data:`REPORT_KEYS` and ``val/teo_num_pairs`` (:meth:`_report`)."""
+        return [*(f"val/teo_{k}" for k in REPORT_KEYS), "val/teo_num_pairs"]
 
     def _report(self, stage: str) -> dict[str, float]:
         records = self._gathered()

@@ -59,6 +59,13 @@ SWAP = [TEO_LABEL_ID[SWAPPED_LABEL[label]] for label in TEO_LABELS]  # class ids
 NUM_POSITION_FEATURES = 5
 CATBENCH_COLUMNS = (("accuracy", "accuracy"), ("precision", "P yes"), ("recall", "R yes"), ("f1_yes", "dependent F1"),
                     ("macro_f1", "macro F1"), ("twin_consistency", "twin consistency"), ("n", "n"))
+# what an evaluation logs, (logged name, row key): <stage>/pair_* (the yes/no question) and <stage>/teo_* on TEO sets,
+# <stage>/catbench_* and <stage>/majority_* on CaT-Bench questions
+PAIR_KEYS = (("accuracy", "accuracy"), ("f1_yes", "f1"), ("macro_f1", "macro_f1"))
+TEO_KEYS = ("consistency_accuracy", "consistency_dependent", "macro_f1", "f1_before", "f1_after", "f1_independent")
+CATBENCH_KEYS = (("accuracy", "accuracy"), ("precision_yes", "precision"), ("recall_yes", "recall"), ("f1_yes", "f1"),
+                 ("macro_f1", "macro_f1"), ("twin_consistency", "twin_consistency"))
+MAJORITY_KEYS = (("accuracy", "accuracy"), ("f1_yes", "f1"), ("macro_f1", "macro_f1"))
 
 
 def sinusoidal_positions(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -115,6 +122,9 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
 
     Frozen parts: the encoder when ``encoder_trainable`` is false (and what it freezes itself).
     """
+
+    monitor = "val/pair_macro_f1"   # the best checkpoint: macro F1 of "does step b depend on step a?" (validation pairs)
+    monitor_mode = "max"
 
     def __init__(self, encoder: dict, optimizer: dict, scheduler: Optional[dict] = None, encoder_trainable: bool = True,
                  step_dim: int = 256, step_layers: int = 2, step_heads: int = 4, pair_hidden: int = 256,
@@ -270,8 +280,7 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         rel_original, rel_swapped = self._relations(original), self._relations(swapped)
         answers = ["yes" if y != "independent" else "no" for y in rel_original]
         binary = binary_rows(gold, {"plan head": answers})["plan head"]
-        self.log_dict({f"{stage}/pair_{k}": float(binary[key]) for k, key in
-                       (("accuracy", "accuracy"), ("f1_yes", "f1"), ("macro_f1", "macro_f1"))}, sync_dist=False)
+        self.log_dict({f"{stage}/pair_{k}": float(binary[key]) for k, key in PAIR_KEYS}, sync_dist=False)
         rows, orig, swap = predicted_pair_rows([(r["pair"], y) for r, y in zip(original, rel_original)],
                                                [(r["pair"], y) for r, y in zip(swapped, rel_swapped)], "plan head")
         if len(orig) < len(original):
@@ -280,9 +289,7 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         if not rows:
             return {}
         ours = rows["plan head"]
-        self.log_dict({f"{stage}/teo_{k}": float(ours[k]) for k in
-                       ("consistency_accuracy", "consistency_dependent", "macro_f1", "f1_before", "f1_after",
-                        "f1_independent")}, sync_dist=False)
+        self.log_dict({f"{stage}/teo_{k}": float(ours[k]) for k in TEO_KEYS}, sync_dist=False)
         self.log(f"{stage}/majority_consistency_accuracy", float(rows["majority"]["consistency_accuracy"]), sync_dist=False)
         if stage == "test":
             self.test_predictions = [{"id": p["pair_id"], "pred": y, "gold": p["label"]} for p, y in orig + swap]
@@ -300,13 +307,9 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
             given = answers if name == "plan head" else [name.split()[-1].strip("()")] * len(records)
             row.update(twin_consistency(keys, given))
         ours = rows["plan head"]
-        self.log_dict({f"{stage}/catbench_{k}": float(ours[key]) for k, key in
-                       (("accuracy", "accuracy"), ("precision_yes", "precision"), ("recall_yes", "recall"),
-                        ("f1_yes", "f1"), ("macro_f1", "macro_f1"), ("twin_consistency", "twin_consistency"))},
-                      sync_dist=False)
+        self.log_dict({f"{stage}/catbench_{k}": float(ours[key]) for k, key in CATBENCH_KEYS}, sync_dist=False)
         majority = next(name for name in rows if name.startswith("majority"))
-        self.log_dict({f"{stage}/majority_{k}": float(rows[majority][key]) for k, key in
-                       (("accuracy", "accuracy"), ("f1_yes", "f1"), ("macro_f1", "macro_f1"))}, sync_dist=False)
+        self.log_dict({f"{stage}/majority_{k}": float(rows[majority][key]) for k, key in MAJORITY_KEYS}, sync_dist=False)
         self.log(f"{stage}/threshold", float(self.decision_threshold), sync_dist=False)
         if stage == "test":
             self.test_predictions = [
@@ -319,3 +322,11 @@ class TeoPlanHeadModule(GatheredEvalMixin, SeqawareModule):
         return rows
 
     _log_eval = _report  # GatheredEvalMixin scores each epoch with it (the test rows land in test_rows)
+
+    def validation_metrics(self) -> list[str]:
+        """``val/loss``, ``val/n``, ``val/threshold``, then on TEO sets ``val/pair_*``, ``val/teo_*`` and the majority
+        row's consistency, on CaT-Bench questions ``val/catbench_*`` and ``val/majority_*`` (:meth:`_report`)."""
+        names = ["loss", "n", "threshold", *(f"pair_{k}" for k, _ in PAIR_KEYS), *(f"teo_{k}" for k in TEO_KEYS),
+                 "majority_consistency_accuracy", *(f"catbench_{k}" for k, _ in CATBENCH_KEYS),
+                 *(f"majority_{k}" for k, _ in MAJORITY_KEYS)]
+        return [f"val/{name}" for name in names]
