@@ -3,6 +3,7 @@ where an entry without a module or qualified name of its own is, a definition re
 item assignment, the names an unknown-name error lists, and what a registry and a view show."""
 from __future__ import annotations
 
+import collections
 import functools
 
 import pytest
@@ -11,8 +12,9 @@ from registry import DuplicateNameError, Registry, UnknownNameError, place
 
 
 def test_an_entry_without_a_module_or_name_of_its_own_is_placed_by_its_type():
-    entry = functools.partial(int, base=2)   # an instance: no __module__ or __qualname__ of its own
+    entry = functools.partial(int, base=2)   # an instance: a __module__ but no __qualname__ of its own
     assert place(entry) == "functools:partial"
+    assert place(collections.deque()) == "collections:deque"   # neither of its own
     reg = Registry("widget")
     reg.add("binary", entry)
     assert reg.where("binary") == "functools:partial"
