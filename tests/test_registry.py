@@ -2,7 +2,8 @@
 
 The registry class itself (names, tags, duplicates naming both places, discovery of a package's modules), the
 project's registries refusing a second entry under a built-in's name, and a walk-through: an objective, a
-decoder and a dataset adapter each added as one new module of its package plus (at most) one config file.
+decoder, a dataset adapter, a task view and a text model by name each added as one new module of its package plus
+(at most) one config file.
 """
 from __future__ import annotations
 
