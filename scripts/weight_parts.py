@@ -5,8 +5,8 @@
     python scripts/weight_parts.py verify .gpu/mpnet [FOLDER ...]            # which parts are here, missing, corrupt
     python scripts/weight_parts.py unpack /tmp/mpnet /tmp/sa/mpnet [FOLDER ...]   # a folder AutoModel loads
 
-The device tool carries at most 64 MiB a call (docs/results/sequencing.md, "Waiting for a GPU"); MPNet-base
-is 438 MB in float32.  ``pack`` reads a Hugging Face model folder (or an offline alias of
+The device tool carries at most 64 MiB a call (git show e8b4d3f:docs/results/sequencing.md, its last section);
+MPNet-base is 438 MB in float32.  ``pack`` reads a Hugging Face model folder (or an offline alias of
 :mod:`seqaware.pretrained`) and writes one byte stream cut into ``part-NNN.bin`` files of equal size, none over
 ``--max-mib``, and ``manifest.json`` (each part's size and SHA-256, where each file and tensor lies in the
 stream).  The stream holds, in this order:
