@@ -99,6 +99,10 @@ class SequenceEncoder(nn.Module):
 
     modality: str = "multimodal"
     hidden_size: int = 0
+    #: run the transformer on the real tokens only (``model.packed``, :mod:`seqaware.encoders.packing`)
+    packed: bool = False
+    #: counts the tokens entering the transformer (:class:`seqaware.profiling.WorkMeter`), when attached
+    work_meter = None
 
     @property
     def uses_text(self) -> bool:

@@ -49,6 +49,7 @@ from seqaware.encoders.regions import GEOMETRY_DIM, BoxRegionFeatures
 from seqaware.encoders.text import TextEncoder
 from seqaware.encoders.visual import FrozenFeatureCache, VisualBackbone, create_visual_backbone
 from seqaware.encoders.contract import EncoderOutput
+from seqaware.encoders.packing import run_transformer
 
 MODALITIES = ("multimodal", "image", "text")
 
@@ -320,9 +321,8 @@ class SingleStreamEncoder(SequenceEncoder):
             extra["token_type_ids"] = type_ids
         else:
             inputs = inputs + self.type_embedding(type_ids).to(inputs.dtype)
-        out = self.backbone(inputs_embeds=inputs, attention_mask=torch.cat(masks, dim=1).long(),
-                            position_ids=torch.cat(positions, dim=1) + self.position_offset, **extra)
-        states = out.last_hidden_state
+        states = run_transformer(self, torch.cat(masks, dim=1), inputs_embeds=inputs,
+                                 position_ids=torch.cat(positions, dim=1) + self.position_offset, **extra)
         return EncoderOutput(
             cls=states[:, 0],
             text_states=states[:, :T] if self.uses_text else None,

@@ -16,6 +16,8 @@ Model families differ in two ways the encoders absorb here:
   all).  :attr:`TextEncoder.type_vocab_size` is 2, 1 or 0 accordingly; the ids are passed to the model
   only when it has token-type embeddings, and options that need two types (BERT4SO segments) are
   refused when a module is built.
+* **Packing.**  With :attr:`packed` (``model.packed``) the transformer runs on the real tokens only
+  (:mod:`seqaware.encoders.packing`: BERT / MiniLM, RoBERTa, MPNet); the states come back in the padded layout.
 * **Attention kernels.**  ``attn_implementation: sdpa`` (the default) falls back to ``eager`` for a model
   class transformers has no SDPA kernel for (MPNet in transformers 5.23), with an info log line.
 """
@@ -29,6 +31,7 @@ from transformers import AutoConfig, AutoModel
 
 from seqaware.encoders.base import SequenceEncoder, plain_config
 from seqaware.encoders.contract import EncoderOutput
+from seqaware.encoders.packing import run_transformer
 from seqaware.pretrained import from_pretrained, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -133,6 +136,5 @@ class TextEncoder(SequenceEncoder):
             if types is None or self.type_vocab_size < 2:
                 types = torch.zeros_like(ids)  # RoBERTa has a single token type
             extra["token_type_ids"] = types
-        out = self.backbone(input_ids=ids, attention_mask=fusion_input["attention_mask"], **extra)
-        states = out.last_hidden_state
+        states = run_transformer(self, fusion_input["attention_mask"], input_ids=ids, **extra)
         return EncoderOutput(cls=states[:, 0], text_states=states)

@@ -46,6 +46,7 @@ from decoders import DECODERS, PAIRWISE_DECODERS, fitting_decoder
 from decoders.exact import check_exact_steps
 from decoders.berson import BersonDecoder, BersonState, pair_index, take_steps
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
+from seqaware.encoders.packing import check_packable
 from seqaware.encoders.steps import SEGMENTS, PairStates, encode_steps, position_limit
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
 from seqaware.modules.sequencing import pairwise_targets, reference_targets
@@ -94,6 +95,10 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             (default) runs it eagerly (:meth:`~seqaware.modules.base.SeqawareModule.compile_encoder`).  A speed
             switch for GPUs, where a base-size encoder's step over a few short steps is bound by kernel
             launches rather than arithmetic (docs/results/performance.md); the pointer network stays eager.
+        packed: ``true`` runs the encoder's transformer on the real tokens only, joint windows and pair chunks
+            alike (:mod:`seqaware.encoders.packing`: padding never reaches a linear layer; attention per sequence;
+            BERT / MiniLM, RoBERTa, MPNet); ``false`` (default) the padded batch.  The same logits and gradients
+            within float rounding, no parameters of its own: checkpoints load either way.
 
     Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
     the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
@@ -106,7 +111,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                  head_lr: Optional[float] = None, reference_selection: str = "joint",
                  multi_reference_targets: bool = False, pair_encoding: str = "pairwise", joint_max_tokens: int = 512,
                  pair_dropout: float = 0.1, test_views: int = 1,
-                 joint_segments: str = "none", compile: bool | dict = False, new_layers_lr: str | float = "encoder"):
+                 joint_segments: str = "none", compile: bool | dict = False, new_layers_lr: str | float = "encoder",
+                 packed: bool = False):
         super().__init__()
         fitting_decoder(decoding, PROVIDES, "model.decoding")
         if pair_encoding not in PAIR_ENCODINGS:
@@ -131,7 +137,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                                    "pair_encoding": pair_encoding, "joint_max_tokens": joint_max_tokens,
                                    "pair_dropout": pair_dropout, "test_views": test_views,
                                    "joint_segments": joint_segments, "compile": as_container(compile),
-                                   "new_layers_lr": new_layers_lr})
+                                   "new_layers_lr": new_layers_lr, "packed": bool(packed)})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         if joint_segments != "none" and (pair_encoding != "joint" or self.encoder.uses_images):
@@ -143,6 +149,9 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                              f"MiniLM); backbones.text={self.hparams.encoder.get('name_or_path')!r} has "
                              f"{getattr(self.encoder, 'type_vocab_size', 1)} (MPNet: none, RoBERTa: one): "
                              "set model.joint_segments=none")
+        if packed:
+            check_packable(self.encoder)
+            self.encoder.packed = True
         self.compile_encoder(as_container(compile))
         self.decoder = BersonDecoder(self.encoder.hidden_size, **self.hparams.decoder)
         self.pair_encoding = pair_encoding
@@ -216,6 +225,13 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
         return (f"model.joint_max_tokens={self.joint_max_tokens}: step {k} of procedure {proc_id!r} ({split} split) "
                 f"packs to {total} tokens and a window holds {budget} after its [CLS] ({detail}the encoder's positions "
                 f"allow {position_limit(enc)}): raise model.joint_max_tokens or lower {' or '.join(lower)}")
+
+    def configure_callbacks(self) -> list:
+        """Every fit counts its work: ``perf/flops_per_step``, ``perf/tokens_per_s``, ``perf/padding`` (and ``perf/mfu``
+        on a GPU), :class:`seqaware.profiling.StepWork`."""
+        from seqaware.profiling import StepWork
+
+        return [StepWork()]
 
     def param_groups(self) -> list[dict]:
         new_lr = self.hparams.get("new_layers_lr", "encoder")
