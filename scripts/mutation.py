@@ -7,7 +7,9 @@ and print, per module, how many mutants the fast tests kill.
     python scripts/mutation.py report --survivors  # the table of the last run, and each survivor's name
 
 ``run`` runs the mutants without a result, the survivors and those no test reached (tests may have been added);
-killed mutants keep their result until their code changes.  ``--rerun`` runs everything again.  An ``--only``
+killed mutants keep their result until their code changes, or until the test command of ``[tool.mutmut]`` changes
+(mutmut then forgets every result, and ``run`` gives it the whole scope: :func:`config_changed`).  ``--rerun`` runs
+everything again.  An ``--only``
 pattern that matches no mutant stops the script (exit 2) naming it and the modules or mutant names it could
 have meant (:func:`unmatched`).
 
@@ -145,6 +147,23 @@ def unmatched(patterns: list[str], mutmut_generates: bool, after_run: bool = Fal
     return "\n".join(lines) or None
 
 
+def config_changed() -> bool:
+    """Whether mutmut will forget every result at its next run: the pytest arguments or the test selection of
+    ``[tool.mutmut]`` differ from those of the last run (``mutants/mutmut-stats.json``).  mutmut then resets every
+    mutant but runs only those it is given, so :func:`main` gives it the whole scope."""
+    import contextlib
+
+    try:
+        old = json.loads((ROOT / "mutants" / "mutmut-stats.json").read_text())["config_fingerprint"]
+    except (OSError, ValueError, KeyError):
+        return False
+    from mutmut.configuration import _load_config
+
+    with contextlib.chdir(ROOT):   # mutmut reads pyproject.toml in the working directory
+        new = _load_config().config_fingerprint()
+    return any(old.get(group) != new[group] for group in ("test_execution", "test_selection"))
+
+
 def summary(codes: dict[str, int | None]) -> dict[str, int]:
     """Counts of one module's mutants by mutmut's own status names: ``mutants``, ``tested``, ``killed``
     (a test failed or the mutant ran out of time, as mutmut scores them), ``survived``, ``no_tests`` (no
@@ -194,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         extra = ["--max-children", str(args.max_children)] if args.max_children else []
         names = list(scope)
-        if (ROOT / "mutants").is_dir() and not args.rerun:
+        forgets = (ROOT / "mutants").is_dir() and not args.rerun and config_changed()
+        if forgets:
+            print("the test command of [tool.mutmut] changed since the last run: mutmut forgets every result, so every "
+                  "mutant in scope runs", file=sys.stderr)
+        if (ROOT / "mutants").is_dir() and not args.rerun and not forgets:
             # mutmut re-runs every mutant it is given by name: give it those without a result yet, the survivors
             # and those no test reached (tests may have been added since); a killed mutant stays killed until its
             # code changes, and then mutmut forgets its result itself

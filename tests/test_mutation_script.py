@@ -164,3 +164,30 @@ def test_tests_narrow_the_tests_mutmut_draws_from_to_those_files(project, mutant
     # the files narrow the selection, but are no change of mutmut's configuration: results are kept when files
     # are added (mutmut records the new tests' coverage itself)
     assert seen == [(args[6:], "mutmut", ["-m", "not slow", "tests/test_a.py", "tests/test_b.py"], plain)]
+
+
+def test_after_a_change_of_the_test_command_every_mutant_in_scope_runs(project, mutants, monkeypatch, capsys):
+    """mutmut forgets every result when the pytest arguments or test selection of [tool.mutmut] change, but runs
+    only the mutants it is given: the run then gives it the whole scope, not the last run's survivors."""
+    import contextlib
+
+    from mutmut.configuration import _load_config
+
+    with contextlib.chdir(project):
+        fingerprint = _load_config().config_fingerprint()
+    stats = mutants / "mutmut-stats.json"
+    calls = []
+    monkeypatch.setattr(mutation.subprocess, "call", lambda args, **kwargs: calls.append(args) or 0)
+    stats.write_text(json.dumps({"config_fingerprint": fingerprint}))
+    assert not mutation.config_changed()
+    mutation.main(["run", "--only", "seqaware.runs.*"])
+    assert calls[-1][4:] == ["seqaware.runs.x_a__mutmut_3", "seqaware.runs.x_b__mutmut_1", "seqaware.runs.x_b__mutmut_2"]
+    for group in ("test_selection", "test_execution"):
+        stats.write_text(json.dumps({"config_fingerprint": {**fingerprint, group: "0" * 12}}))
+        assert mutation.config_changed()
+        capsys.readouterr()
+        mutation.main(["run", "--only", "seqaware.runs.*"])
+        assert calls[-1][4:] == ["seqaware.runs.*"]
+        assert "mutmut forgets every result, so every mutant in scope runs" in capsys.readouterr().err
+    stats.write_text(json.dumps({"config_fingerprint": {**fingerprint, "timeout": "0" * 12}}))   # keeps the kills
+    assert not mutation.config_changed()
