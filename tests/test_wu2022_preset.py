@@ -131,6 +131,12 @@ def test_wu2022_berson_finetune_one_lr_and_the_authors_reference_rule(compose_tr
     model = instantiate(cfg.model)
     groups = model.param_groups()
     assert all("lr" not in group for group in groups)  # every group takes the optimizer's lr 5e-6
+    assert cfg.model.optimizer.lr == 5e-6 and cfg.model.head_lr is None
+    # Wu et al. fine-tune BERSON's head as released, not seqaware's
+    assert cfg.model.decoder.variant == "paper" and model.decoder.variant == "paper"
+    assert compose_train("experiment=berson_finetune", *TINY_EXTRA["berson_finetune"]).model.decoder.variant == "ours"
+    pre = compose_train("experiment=clipvil_pretrain", "hparams=wu2022")
+    assert pre.model.optimizer.lr == 1e-5 and pre.model.head_lr is None   # Table 11: one lr for pretraining too
     assert model.test_metrics.reference_selection == "wu2022"
     assert cfg.model.optimizer.fused is True and cfg.trainer.gradient_clip_val == 1.0  # the pair that crashed on bf16
 
