@@ -70,3 +70,77 @@ def test_the_loss_of_one_instance_is_its_own_mean_and_logs_the_pair_accuracy():
     assert set(losses) == {"loss", "pointer_loss", "pair_loss", "pair_acc"}
     assert float(losses["pair_acc"]) == pytest.approx(int(correct.sum()) / 12)
     assert 0 < int(correct.sum()) < 12       # neither 0 nor 1: a product and a ratio differ
+
+
+def test_the_loss_terms_are_per_instance():
+    d = decoder()
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]).bool()
+    state = state_of(d, mask, seed=4)
+    gold = torch.tensor([[2, 0, 3, 1], [1, 2, 0, -1]])
+    targets, _ = pairwise_targets(gold, mask)
+    with torch.no_grad():
+        terms = d.loss_terms(state, gold, targets)
+    correct = ((state.pair_logits > 0) == (targets > 0.5)) & valid_pairs(mask)
+    assert terms["pair_correct"].tolist() == correct.sum((1, 2)).tolist()
+    assert terms["pairs"].tolist() == [12, 6] and terms["steps"].tolist() == [4, 3]
+
+
+# ---------------------------------------------------------------------------------------------- pointer
+def test_a_pointer_row_with_no_candidate_left_is_uniform_not_nan():
+    d = decoder()
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool()
+    state = state_of(d, mask, seed=5)
+    gold = torch.tensor([[2, 0, 3, 1], [1, 0, -1, -1]])
+    with torch.no_grad():
+        logp = d.pointer_log_probs(state, gold)
+    assert torch.isfinite(logp[1, 2:]).all()        # after the short instance's last step
+    torch.testing.assert_close(logp[1, 2:], torch.full((2, 4), -math.log(4)))
+    assert torch.isinf(logp[1, 0, 2:]).all()         # padding is never a candidate
+
+
+@pytest.mark.parametrize("variant", ["ours", "paper"])
+def test_the_pointers_initial_state(variant):
+    d = decoder(variant=variant)
+    state = state_of(d, torch.ones(2, 3, dtype=torch.bool), seed=6)
+    with torch.no_grad():
+        h, c = d._initial(state, 2)
+    h0 = state.paragraph if variant == "paper" else torch.tanh(d.init_h(state.paragraph))   # BERSON: the mean state
+    torch.testing.assert_close(h, h0.repeat_interleave(2, 0))
+    assert h.shape == (4, H) and not c.any()
+
+
+def test_encoding_takes_pooled_vectors_in_another_dtype_than_the_cls_states():
+    """Under autocast the pooled segment vectors and the [CLS] states may differ in dtype: the grid is float32."""
+    d = decoder()
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
+    b, i, j = pair_index(mask)
+    g = torch.Generator().manual_seed(7)
+    first, second, cls = (torch.randn(len(b), H, generator=g) for _ in range(3))
+    first = first.bfloat16()
+    with torch.no_grad():
+        got = d.encode(first, second, cls, (b, i, j), mask)
+        want = d.encode(first.float(), second, cls, (b, i, j), mask)
+    assert got.relations.dtype == torch.float32
+    torch.testing.assert_close(got.context, want.context)
+
+
+# ---------------------------------------------------------------------------------------------- devices
+@pytest.mark.parametrize("variant", ["ours", "paper"])
+def test_the_decoder_makes_every_tensor_on_its_inputs_device(variant):
+    """Checked on PyTorch's meta device (no GPU needed): a tensor made on the CPU instead of the inputs' device
+    cannot meet them there."""
+    d = decoder(variant=variant)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool()
+    b, i, j = pair_index(mask)
+    g = torch.Generator().manual_seed(8)
+    vecs = [torch.randn(len(b), H, generator=g).to("meta") for _ in range(3)]
+    d = d.to("meta")
+    state = d.encode(*vecs, (b.to("meta"), i.to("meta"), j.to("meta")), mask.to("meta"))
+    assert state.context.device.type == "meta"
+    gold = torch.tensor([[2, 0, 3, 1], [1, 0, -1, -1]], device="meta")
+    terms = d.loss_terms(state, gold, torch.zeros(2, 4, 4, device="meta"))
+    assert {k: (v.device.type, tuple(v.shape)) for k, v in terms.items()} == {
+        k: ("meta", (2,)) for k in ("pointer_nll", "steps", "pair_bce", "pairs", "pair_correct")}
+    for decode in (d.greedy, d.beam_search):   # they run to the end: only reading the orders out needs values
+        with pytest.raises(RuntimeError, match=r"item\(\) cannot be called on meta tensors"):
+            decode(state)
