@@ -28,7 +28,7 @@ def test_a_fold_probability_at_the_threshold_is_a_yes():
 # ---------------------------------------------------------------- the out-of-fold threshold
 def stand_in_heads(world, monkeypatch, probability):
     """Heads whose probability of each held-out labelled pair is ``probability(held plan ids, plan id, a, b)``."""
-    monkeypatch.setattr(world.model, "_fit_heads", lambda setting, plans, embeddings, steps, seed: "heads")
+    monkeypatch.setattr(world.model, "_fit_heads", lambda setting, plans, embeddings, steps, seed, where: "heads")
     monkeypatch.setattr(world.model, "_predict", lambda heads, plans, embeddings: np.array(
         [probability([p["plan_id"] for p in plans], p["plan_id"], a, b) for p in plans for a, b, _ in p["labels"]]))
 

@@ -525,7 +525,7 @@ class CvWorld:
             self.requested.append(features)
             return self.plans, {f: self.embeddings for f in features}
 
-        def fit_heads(setting, plans, embeddings, steps, seed):
+        def fit_heads(setting, plans, embeddings, steps, seed, where):
             self.fits.append({"setting": dict(setting), "plans": [p["plan_id"] for p in plans], "steps": steps,
                               "seed": seed, "threads": torch.get_num_threads(),
                               "embeddings": [next((k for k, x in enumerate(self.embeddings) if x is e), None)
