@@ -155,6 +155,7 @@ def test_pretraining_without_an_epoch_limit_is_left_alone(compose_train):
     assert train.command_line_overrides() == []  # outside a Hydra app
 
 
+@pytest.mark.slow  # a train.py subprocess: 6-40 s on 2 cores
 def test_the_saved_config_records_the_max_epochs_that_max_steps_raised(tmp_path, cache_dir):
     """``.hydra/config.yaml`` is written by Hydra before ``main`` raises max_epochs: ``main`` rewrites it, so the
     saved config, run again (``--config-path RUN/.hydra --config-name config``), trains the same 12 steps and not

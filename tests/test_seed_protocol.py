@@ -59,7 +59,7 @@ def test_n_and_y_of_one_seed_start_from_the_same_draw_of_every_layer_neither_pre
     assert drawn and not any(torch.equal(other.state_dict()[name], n.state_dict()[name]) for name in drawn)
 
 
-@pytest.mark.parametrize("which", ["fresh", ["step_embedding"]])
+@pytest.mark.parametrize("which", ["fresh", ["step_embedding"], "order"])
 def test_ckpt_new_layers_fresh_keeps_this_runs_draw_of_the_layers_the_encoder_adds(tmp_path, which):
     from seqaware.encoders import create_encoder, new_layer_keys
 
@@ -81,5 +81,5 @@ def test_ckpt_new_layers_fresh_keeps_this_runs_draw_of_the_layers_the_encoder_ad
     with pytest.raises(ValueError, match=r"ckpt_new_layers names \['bogus'\], not layers this encoder adds: "
                                          r"\['step_embedding', 'visual_norm', 'visual_proj'\]"):
         build(ckpt=str(tmp_path / "encoder.pt"), ckpt_new_layers=["bogus"])
-    with pytest.raises(ValueError, match="must be keep, fresh or a list"):
+    with pytest.raises(ValueError, match="must be keep, fresh, order or a list"):
         build(ckpt=str(tmp_path / "encoder.pt"), ckpt_new_layers="all")
