@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from decoders.berson import BersonDecoder, BertSumLayer, pair_index, valid_pairs
+from torch import nn
+
+from decoders.berson import AttentionPool, BersonDecoder, BertSumLayer, pair_index, valid_pairs
 from seqaware.modules.sequencing import pairwise_targets
 
 H = 8
@@ -25,6 +27,54 @@ def state_of(d: BersonDecoder, mask: torch.Tensor, seed: int = 0):
     vecs = [torch.randn(len(b), H, generator=g) for _ in range(3)]
     with torch.no_grad():
         return d.encode(*vecs, (b, i, j), mask)
+
+
+# ---------------------------------------------------------------------------------------------- attention pool
+def test_attention_pooling_is_a_softmax_over_each_rows_masked_positions():
+    torch.manual_seed(0)
+    pool = AttentionPool(H)                       # additive attention by default: w^T tanh(W x)
+    assert isinstance(pool.proj, nn.Linear) and pool.dropout is None
+    x = torch.randn(2, 3, 5, H)
+    mask = torch.rand(2, 3, 5) > 0.3
+    mask[1, 2] = False                            # a row without any position
+    with torch.no_grad():
+        got = pool(x, mask)
+        scores = pool.score(torch.tanh(pool.proj(x))).squeeze(-1)
+    for b in range(2):
+        for s in range(3):
+            m = mask[b, s]
+            if not m.any():
+                assert not got[b, s].any()        # gives 0
+                continue
+            w = torch.softmax(scores[b, s][m], dim=0)
+            torch.testing.assert_close(got[b, s], (w[:, None] * x[b, s][m]).sum(0))
+
+
+def test_attention_pooling_keeps_a_bfloat16_models_dtype():
+    torch.manual_seed(0)
+    pool = AttentionPool(H, "linear").to(torch.bfloat16)     # precision=bf16-true: weights and inputs in bf16
+    x = torch.randn(2, 4, H, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = pool(x, torch.ones(2, 4, dtype=torch.bool))
+    assert out.dtype == torch.bfloat16 and pool.proj is None
+
+
+# ---------------------------------------------------------------------------------------------- construction
+@pytest.mark.parametrize("variant", ["ours", "paper"])
+def test_the_token_pool_is_additive_and_the_feed_forward_four_times_the_hidden_size(variant):
+    d = decoder(variant=variant)
+    assert d.variant == variant
+    assert isinstance(d.token_pool.proj, nn.Linear)          # w^T tanh(W x) in both variants
+    if variant == "paper":
+        assert all(layer.w1.out_features == 4 * H for layer in d.paragraph.layers)
+    else:
+        assert all(layer.linear1.out_features == 4 * H for layer in d.paragraph.layers)
+
+
+def test_a_hidden_size_the_heads_do_not_divide_is_refused():
+    with pytest.raises(ValueError) as err:
+        BersonDecoder(10, paragraph_heads=4)
+    assert str(err.value) == "hidden size 10 is not divisible by paragraph_heads=4"
 
 
 # ---------------------------------------------------------------------------------------------- BertSum layer
@@ -122,6 +172,28 @@ def test_encoding_takes_pooled_vectors_in_another_dtype_than_the_cls_states():
         want = d.encode(first.float(), second, cls, (b, i, j), mask)
     assert got.relations.dtype == torch.float32
     torch.testing.assert_close(got.context, want.context)
+
+
+def test_padding_changes_no_instances_encoding():
+    """An instance padded to more step slots is encoded as it is alone; an instance of one step has its only
+    state as the paragraph."""
+    d = decoder()
+    g = torch.Generator().manual_seed(9)
+    short = torch.ones(1, 3, dtype=torch.bool)
+    padded = torch.tensor([[1, 1, 1, 0, 0]]).bool()
+    b, i, j = pair_index(short)
+    vecs = [torch.randn(len(b), H, generator=g) for _ in range(3)]
+    with torch.no_grad():
+        alone = d.encode(*vecs, (b, i, j), short)
+        among = d.encode(*vecs, pair_index(padded), padded)
+    torch.testing.assert_close(among.context[:, :3], alone.context)
+    torch.testing.assert_close(among.paragraph, alone.paragraph)
+    assert not among.context[:, 3:].any()
+    one = torch.tensor([[1, 0, 0]]).bool()
+    empty = torch.zeros(0, H)
+    with torch.no_grad():
+        single = d.encode(empty, empty, empty, pair_index(one), one)
+    torch.testing.assert_close(single.paragraph, single.context[:, 0])
 
 
 # ---------------------------------------------------------------------------------------------- devices
