@@ -71,6 +71,27 @@ def test_the_token_pool_is_additive_and_the_feed_forward_four_times_the_hidden_s
         assert all(layer.linear1.out_features == 4 * H for layer in d.paragraph.layers)
 
 
+def test_the_pointers_parameters_and_checkpoint_keys_per_variant():
+    ours, paper = decoder(), decoder(variant="paper")
+    assert ours.query.bias is None and paper.query.bias is not None              # BERSON's query_linear has a bias
+    assert isinstance(ours.start, nn.Parameter) and "start" in ours.state_dict()   # a learnt first input
+    assert not paper.start.any() and "start" not in paper.state_dict()             # BERSON: a zero constant, not saved
+    assert ours.init_h is not None and paper.init_h is None
+
+
+def test_ours_relation_vector_is_tanh_of_a_projection_of_the_pairs_cls_state():
+    d = decoder()
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    b, i, j = pair_index(mask)
+    g = torch.Generator().manual_seed(10)
+    first, second, cls = (3.0 * torch.randn(len(b), H, generator=g) for _ in range(3))
+    with torch.no_grad():
+        state = d.encode(first, second, cls, (b, i, j), mask)
+        expected = torch.tanh(d.relation[0](cls))
+    torch.testing.assert_close(state.relations[b, i, j], expected)
+    assert not state.relations[0, [0, 1, 2], [0, 1, 2]].any()     # r(i, i) = 0
+
+
 def test_a_hidden_size_the_heads_do_not_divide_is_refused():
     with pytest.raises(ValueError) as err:
         BersonDecoder(10, paragraph_heads=4)
