@@ -6,6 +6,7 @@
                                                          # AVX512-BF16 / AMX, or a GPU: elsewhere bf16 is emulated, ~20x slower)
     python scripts/bench_decode.py --pair-encodings --sizes 5 10 20 --json /tmp/bench_decode.json
     python scripts/bench_decode.py --pair-encodings --sizes 5 --steps 2          # < 1 minute on a CPU
+    python scripts/bench_decode.py --packing joint --steps 20                     # padded vs packed, roc_joint's step
 
 Decoders: procedures/s of the pointer network's greedy and beam-16 search and of the pairwise
 topological sort (and the exact decoder at n <= 10), on random BERSON states of hidden size 384
@@ -24,6 +25,13 @@ AdamW; ``--train-batch`` procedures per step, default 4 as the BERSON experiment
 the load of a shared machine falls on both alike) with the joint/pairwise speed-up.
 ``--random-weights``: the same architectures with random weights (timing only).  Prints a table and
 one line ``BENCH_DECODE_JSON [{...}, ...]``; ``--json PATH`` writes the same list.
+
+``--packing joint pairwise``: the padded and the packed encoder pass (``model.packed``) side by side on
+ROCStories (``--stories``, default the shared dev.tsv; ``--train-batch`` stories a step, default 16 as
+``hparams=roc_joint``): per step the real tokens, the padding share, the model FLOPs from the real tokens
+(:mod:`seqaware.profiling`, the one home for counting), tokens/s, TFLOP/s, MFU on a GPU, the machine, and the
+packed/padded speed-up.  ``python scripts/bench_decode.py --packing joint --steps 20`` (the roc_joint step), or
+``--packing pairwise --train-batch 4`` (berson_roc's pairwise step).
 """
 from __future__ import annotations
 
@@ -146,7 +154,7 @@ def _procedure_batch(n: int, batch: int, modality: str, text: str, image_size: i
     return out
 
 
-def _berson(modality: str, pair_encoding: str, text: str, random_weights: bool):
+def _berson(modality: str, pair_encoding: str, text: str, random_weights: bool, **options):
     from seqaware.modules.berson import BersonModule
 
     encoder = {"_target_": "seqaware.encoders.create_encoder", "name": "text" if modality == "text" else "clipvil",
@@ -161,7 +169,7 @@ def _berson(modality: str, pair_encoding: str, text: str, random_weights: bool):
         encoder["visual"] = {"name": "efficientnet_lite0", "pretrained": not random_weights}
     torch.manual_seed(0)
     return BersonModule(encoder=encoder, optimizer={"_target_": "torch.optim.AdamW", "lr": 2e-5},
-                        pair_encoding=pair_encoding)
+                        pair_encoding=pair_encoding, **options)
 
 
 def _encoder_load(model, batch: dict) -> dict:
@@ -260,6 +268,90 @@ def bench_pair_encodings(sizes: list[int], modalities: list[str], steps: int, ba
     return records
 
 
+def _roc_batches(path: str, text: str, batch: int, count: int, seed: int = 0) -> list[dict]:
+    """``count`` collated batches of ``batch`` ROCStories (``path``, BERSON's tsv), drawn at random without
+    repeats, each story's sentences shuffled, tokenised as ``data=roc`` does (MiniLM word pieces, 35 a sentence)."""
+    from data_modules.adapters.roc import roc_source
+    from data_modules.collate import StepCollator
+    from data_modules.views import SequencingView
+    from seqaware.pretrained import load_tokenizer
+
+    stories = roc_source(path, test_fraction=0.0, val_fraction=0.0, max_stories=max(batch * count, 200))["train"]
+    order = torch.randperm(len(stories), generator=torch.Generator().manual_seed(seed)).tolist()
+    view = SequencingView([stories[k] for k in order[:batch * count]], seed=seed)
+    collate = StepCollator(tokenizer=load_tokenizer(text), max_tokens=35, use_images=False)
+    return [collate([view[k * batch + x] for x in range(batch)]) for k in range(count)]
+
+
+def bench_packing(encodings: list[str], batch: int, steps: int, bf16: bool, device: str, text: str,
+                  random_weights: bool, stories: str) -> list[dict]:
+    """Padded vs packed (``model.packed``) BERSON training steps on ROCStories batches, one record per (pair
+    encoding, path): the work of a step (real tokens entering the encoder, the padded layout's padding share,
+    model FLOPs from the real tokens: :func:`seqaware.profiling.transformer_flops`) and its speed (median step
+    time of ``steps`` steps after one warm-up, the two paths alternating on the same batches; tokens/s, TFLOP/s,
+    and MFU on a GPU listed in :data:`seqaware.profiling.GPU_BF16_PEAK`).  The speed-up is the median of the
+    per-batch ratios, of wall time and of the process's CPU time (user + system: less moved than wall time by
+    other jobs on a shared machine; with ``OMP_NUM_THREADS=1`` it is the step's CPU work)."""
+    from seqaware.profiling import WorkMeter, gpu_peak_flops, machine, transformer_flops, transformer_shape
+
+    where = machine(device) + (f", {torch.get_num_threads()} torch threads" if device == "cpu" else "")
+    peak = gpu_peak_flops(torch.cuda.get_device_name(device)) if device.startswith("cuda") else None
+    data = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
+            for b in _roc_batches(stories, text, batch, steps + 1)]
+    records = []
+    for pair_encoding in encodings:
+        runs = {}
+        for packed in (False, True):
+            model = _berson("text", pair_encoding, text, random_weights, packed=packed).to(device).train()
+            meter = model.encoder.work_meter = WorkMeter()
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, fused=True)
+            runs[packed] = (model, opt, meter, [], [], [])
+        for k, step_batch in enumerate(data):
+            for model, opt, meter, times, cpu_times, work in runs.values():
+                meter.reset()
+                cpu = time.process_time()
+                seconds = _train_step(model, opt, step_batch, bf16, device)
+                if k:                                   # batch 0 warms up
+                    times.append(seconds)
+                    cpu_times.append(time.process_time() - cpu)
+                    work.append(meter.read())
+        for packed, (model, _, _, times, cpu_times, work) in runs.items():
+            shape = transformer_shape(model.encoder.backbone)
+            tokens = sum(w.tokens for w in work) / len(work)
+            flops = sum(transformer_flops(w.tokens, w.squares, **shape) for w in work) / len(work)
+            step_s = statistics.median(times)
+            record = {"pair_encoding": pair_encoding, "path": "packed" if packed else "padded", "batch": batch,
+                      "device": device, "machine": where, "bf16": bf16, "random_weights": random_weights,
+                      "steps": len(times), "step_s": step_s, "tokens_per_step": tokens,
+                      "padding": sum(w.padding for w in work) / len(work), "flops_per_step": flops,
+                      "tokens_per_s": tokens / step_s, "tflops": flops / step_s / 1e12, "times": times,
+                      "cpu_s": statistics.median(cpu_times), "cpu_times": cpu_times}
+            if peak:
+                record["mfu"] = flops / step_s / peak
+            records.append(record)
+            print(f"{pair_encoding} {record['path']}: {1000 * step_s:.0f} ms a step", file=sys.stderr, flush=True)
+        del runs
+    for r in records:
+        if r["path"] == "packed":
+            base = next(x for x in records if x["pair_encoding"] == r["pair_encoding"] and x["path"] == "padded")
+            # the median of the per-batch ratios: each pair of steps ran back to back, on the same batch
+            r["speedup"] = statistics.median(a / b for a, b in zip(base.pop("times"), r.pop("times")))
+            r["cpu_speedup"] = statistics.median(a / b for a, b in zip(base.pop("cpu_times"), r.pop("cpu_times")))
+    weights = "random weights" if random_weights else "offline weights"
+    print(f"BERSON training step, padded vs packed (model.packed) on {where} ({device}, "
+          f"{'bf16 autocast' if bf16 else 'fp32'}, {text}, {weights}), batches of {batch} ROCStories, median of "
+          f"{steps} steps (speed-up: the median of the per-batch ratios)")
+    print("| pair encoding | path | step ms | process CPU s | tokens / step | padding | GFLOP / step | tokens / s | "
+          "TFLOP/s | MFU | speed-up (wall / CPU) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in records:
+        mfu = f"{100 * r['mfu']:.2f}%" if "mfu" in r else "-"
+        speed = f"{r['speedup']:.2f}x / {r['cpu_speedup']:.2f}x" if "speedup" in r else "-"
+        print(f"| {r['pair_encoding']} | {r['path']} | {1000 * r['step_s']:.0f} | {r['cpu_s']:.2f} | "
+              f"{r['tokens_per_step']:.0f} | {100 * r['padding']:.0f}% | {r['flops_per_step'] / 1e9:.1f} | "
+              f"{r['tokens_per_s']:.0f} | {r['tflops']:.3f} | {mfu} | {speed} |")
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=384)
@@ -281,14 +373,23 @@ def main() -> None:
                         help="BERSON training step, pairwise vs joint pair encoding (model.pair_encoding), per procedure")
     parser.add_argument("--modalities", nargs="+", choices=["text", "multimodal"], default=["text", "multimodal"])
     parser.add_argument("--image-size", type=int, default=128, help="--pair-encodings multimodal: image px (128: berson_finetune)")
-    parser.add_argument("--json", type=Path, default=None, help="--pair-encodings: also write the figures to this JSON file")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="--pair-encodings / --packing: also write the figures to this JSON file")
+    parser.add_argument("--packing", nargs="+", choices=["joint", "pairwise"], default=None, metavar="ENCODING",
+                        help="padded vs packed (model.packed) training steps on ROCStories for these pair encodings")
+    parser.add_argument("--stories", default=str(Path(__file__).resolve().parents[2] / "shared/data/roc/dev.tsv"),
+                        help="--packing: ROCStories in BERSON's tsv (default: the shared dev.tsv)")
     args = parser.parse_args()
     # --pair-encodings: a 20-step procedure is 380 pairwise encoder passes; fewer, smaller steps keep the run short
     args.train_steps = args.train_steps or (2 if args.pair_encodings else 10)
-    args.train_batch = args.train_batch or 4   # berson_finetune's and berson_roc's data.batch_size
-    if args.pair_encodings:
-        records = bench_pair_encodings(args.sizes, args.modalities, args.train_steps, args.train_batch, args.bf16,
-                                       args.device, args.text, args.random_weights, args.image_size)
+    args.train_batch = args.train_batch or (16 if args.packing else 4)   # hparams=roc_joint's; berson_roc's: 4
+    if args.pair_encodings or args.packing:
+        if args.packing:
+            records = bench_packing(args.packing, args.train_batch, args.train_steps, args.bf16, args.device, args.text,
+                                    args.random_weights, args.stories)
+        else:
+            records = bench_pair_encodings(args.sizes, args.modalities, args.train_steps, args.train_batch, args.bf16,
+                                           args.device, args.text, args.random_weights, args.image_size)
         print(f"{MARKER} {json.dumps(records)}")
         if args.json:
             from seqaware.io import atomic_open

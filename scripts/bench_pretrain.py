@@ -24,11 +24,15 @@ a speed switch. ``--random-weights`` builds the offline preset's architectures w
 weights (for machines without them; timings do not depend on the values).
 
 ``--profile N`` prints the top operators of N profiled steps (and puts them in ``--json``).
-Prints samples/s, mean step time (and per objective: SMRM steps also run the clean no-grad pass) and
-peak memory (GPU: max allocated; CPU: the process's peak resident set).  On a GPU it also prints the
-training FLOPs per step (counted once with torch.utils.flop_counter), TFLOP/s, the MFU against a bf16
-matmul peak measured in the same run (8192^3), and -- unless --no-baseline -- the fp32 eager batch-4
-figure of the same preset, so speed-ups are read off one run.
+Prints the machine, samples/s, mean step time (and per objective: SMRM steps also run the clean no-grad pass),
+peak memory (GPU: max allocated; CPU: the process's peak resident set) and the text transformer's work
+(seqaware.profiling, the one home for counting: its real tokens per second, the padding share of its input, and
+its model FLOPs per step from the real tokens, 6 W N + 12 layers H sum L^2, SMRM's clean pass counted forward
+only).  On a GPU it also prints the training FLOPs per step of the whole step (counted once with
+torch.utils.flop_counter: every matmul, padding and the visual backbone included), TFLOP/s, the MFU against a
+bf16 matmul peak measured in the same run (8192^3), the encoder's MFU against the GPU's listed bf16 peak
+(seqaware.profiling.GPU_BF16_PEAK), and -- unless --no-baseline -- the fp32 eager batch-4 figure of the same
+preset, so speed-ups are read off one run.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from seqaware.modules.pretraining import PretrainingModule  # noqa: E402
+from seqaware.profiling import gpu_peak_flops  # noqa: E402
 
 ROBERTA_LARGE = {"model_type": "roberta", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
                  "intermediate_size": 4096, "vocab_size": 50265, "max_position_embeddings": 514,
@@ -167,12 +172,10 @@ def matmul_peak_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -
 
 
 def step_flops(trainee: Trainee, batch: dict, step: int) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
+    """Every FLOP of one training step as FlopCounterMode counts them (seqaware.profiling.counted_flops)."""
+    from seqaware.profiling import counted_flops
 
-    counter = FlopCounterMode(display=False)
-    with counter:
-        trainee.step(batch, step)
-    return int(counter.get_total_flops())
+    return counted_flops(lambda: trainee.step(batch, step))
 
 
 def loss_curve(preset: str, precision: str, sdpa: bool, compile_: bool, device: torch.device, batch_size: int,
@@ -214,6 +217,9 @@ def run(preset: str, batch_size: int, precision: str, sdpa: bool, compile_: bool
     sync(device)
     per_objective: dict[str, list[float]] = {}
     total = 0.0
+    from seqaware.profiling import WorkMeter, machine, transformer_shape
+
+    meter = module.encoder.work_meter = WorkMeter()          # the encoder's real tokens, every timed step
     for step in range(warmup, warmup + steps):
         t0 = time.perf_counter()
         names, _ = trainee.step(batch, step)
@@ -221,13 +227,19 @@ def run(preset: str, batch_size: int, precision: str, sdpa: bool, compile_: bool
         dt = time.perf_counter() - t0
         total += dt
         per_objective.setdefault("+".join(names), []).append(dt)
+    work = meter.read()
+    module.encoder.work_meter = None
+    model_flops = work.flops(transformer_shape(module.encoder.backbone)) / steps
     result: dict[str, Any] = {
         "preset": preset, "device": str(device), "batch_size": batch_size, "precision": precision,
         "bf16": precision != "32-true", "sdpa": sdpa,
         "compile": compile_, "generator_scope": generator_scope, "objectives": objectives,
         "random_weights": random_weights,
         "sequence": f"{seq_steps} steps x ({tokens} tokens + image {image_size}px)",
-        "samples_per_s": batch_size * steps / total, "step_time_s": total / steps,
+        "samples_per_s": batch_size * steps / total, "step_time_s": total / steps, "machine": machine(device),
+        # seqaware.profiling: the text transformer's model FLOPs from its real tokens (SMRM's clean pass: forward only)
+        "encoder_tokens_per_s": work.tokens / total, "encoder_padding": work.padding,
+        "encoder_tflop_per_step": model_flops / 1e12, "encoder_tflops": model_flops * steps / total / 1e12,
         "step_time_by_objective_s": {k: sum(v) / len(v) for k, v in per_objective.items()},
         "params_m": sum(p.numel() for p in module.parameters()) / 1e6,
     }
@@ -345,12 +357,20 @@ def main() -> None:
     for result in runs:
         if on_gpu:
             result["mfu"] = result["tflops"] / report["bf16_matmul_peak_tflops"]
+            peak = gpu_peak_flops(report["gpu"])
+            if peak:                              # the encoder's model FLOPs against the GPU's listed bf16 peak
+                result["encoder_mfu"] = result["encoder_tflops"] * 1e12 / peak
         label = (f"{result['preset']} batch {result['batch_size']} {result['precision']} "
                  f"{'sdpa' if result['sdpa'] else 'eager'}{' compiled' if result['compile'] else ''}")
-        line = (f"{label}: {result['samples_per_s']:.2f} samples/s, {1000 * result['step_time_s']:.0f} ms/step")
+        line = (f"{label} on {result['machine']}: {result['samples_per_s']:.2f} samples/s, "
+                f"{1000 * result['step_time_s']:.0f} ms/step, encoder {result['encoder_tokens_per_s']:.0f} tokens/s "
+                f"({100 * result['encoder_padding']:.0f}% padding), {result['encoder_tflop_per_step']:.3f} TFLOP/step "
+                f"of encoder model FLOPs")
         if on_gpu:
             line += (f", {result['peak_memory_gb']:.1f} GB peak, {result['tflop_per_step']:.2f} TFLOP/step, "
                      f"{result['tflops']:.1f} TFLOP/s, MFU {100 * result['mfu']:.1f}%")
+            if "encoder_mfu" in result:
+                line += f", encoder MFU {100 * result['encoder_mfu']:.1f}% of the listed bf16 peak"
         else:
             line += f", peak RSS {result['peak_rss_gb']:.1f} GB"
         print(line)

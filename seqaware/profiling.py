@@ -88,15 +88,25 @@ def counted_flops(step: Callable[[], Any]) -> int:
 @dataclass
 class Work:
     """What a :class:`WorkMeter` counted: real ``tokens``, ``squares`` (sum of squared sequence lengths),
-    ``slots`` (the padded layouts' B x T), ``passes`` (transformer calls)."""
+    ``slots`` (the padded layouts' B x T), ``passes`` (transformer calls); ``forward_tokens`` /
+    ``forward_squares``: the part of ``tokens`` / ``squares`` passed without gradients (no backward: pretraining's
+    clean SMRM pass, evaluation)."""
     tokens: int = 0
     squares: int = 0
     slots: int = 0
     passes: int = 0
+    forward_tokens: int = 0
+    forward_squares: int = 0
 
     @property
     def padding(self) -> float:
         return 1.0 - self.tokens / self.slots if self.slots else 0.0
+
+    def flops(self, shape: dict[str, int]) -> int:
+        """Model FLOPs of the counted passes for a transformer of ``shape`` (:func:`transformer_shape`): a training
+        step's for the passes with gradients, a forward's for the others."""
+        trained = transformer_flops(self.tokens - self.forward_tokens, self.squares - self.forward_squares, **shape)
+        return trained + transformer_flops(self.forward_tokens, self.forward_squares, **shape, train=False)
 
 
 class WorkMeter:
@@ -119,20 +129,22 @@ class WorkMeter:
         if not self.active:
             return
         lengths = mask.long().sum(1)
-        self._counts.append(torch.stack([lengths.sum(), (lengths * lengths).sum()]))
+        tokens, squares = lengths.sum(), (lengths * lengths).sum()
+        plain = torch.is_grad_enabled()
+        self._counts.append(torch.stack([tokens, squares, tokens * (not plain), squares * (not plain)]))
         self._slots += mask.numel()
         self._passes += 1
 
     def read(self) -> Work:
         if not self._counts:
             return Work(passes=self._passes)
-        tokens, squares = torch.stack(self._counts).sum(0).tolist()
-        return Work(int(tokens), int(squares), self._slots, self._passes)
+        tokens, squares, forward_tokens, forward_squares = (int(x) for x in torch.stack(self._counts).sum(0).tolist())
+        return Work(tokens, squares, self._slots, self._passes, forward_tokens, forward_squares)
 
 
 class StepWork(pl.Callback):
     """Logs every training batch's work (:class:`WorkMeter` on the module's ``encoder``): ``perf/flops_per_step``
-    (:func:`transformer_flops` of the batch's real tokens), ``perf/tokens_per_s`` (real tokens over the time
+    (:meth:`Work.flops`: :func:`transformer_flops` of the batch's real tokens), ``perf/tokens_per_s`` (real tokens over the time
     from the previous batch's end, data loading included; validation and epoch starts excluded),
     ``perf/padding`` and, on a GPU listed in :data:`GPU_BF16_PEAK`, ``perf/mfu``.  This rank's figures.
     A module without an ``encoder`` wrapping a Hugging Face ``backbone`` logs nothing."""
@@ -172,7 +184,7 @@ class StepWork(pl.Callback):
             return
         work, now = self.meter.read(), time.perf_counter()
         seconds, self._last = max(now - self._last, 1e-9), now
-        flops = transformer_flops(work.tokens, work.squares, **self.shape)
+        flops = work.flops(self.shape)
         metrics = {"perf/flops_per_step": float(flops), "perf/tokens_per_s": work.tokens / seconds,
                    "perf/padding": work.padding}
         if self.peak:
