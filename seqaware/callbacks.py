@@ -14,6 +14,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 
 from seqaware.io import atomic_open
+from seqaware.profiling import machine
 from seqaware.reports import bar_chart, columns, markdown_table, per_category
 
 log = logging.getLogger(__name__)
@@ -485,12 +486,14 @@ class RuntimeForecast(pl.Callback):
         if self.stopped_by == "trainer.max_time" and trainer.max_steps > 0:
             step = (self._seen(trainer) + 1 + remaining) // max(int(trainer.accumulate_grad_batches), 1)
             log.warning(f"trainer.max_steps={trainer.max_steps} will not be reached: at {per_batch:.2f} s a training "
-                        f"batch, trainer.max_time ends the fit in about {self.forecast_hours:.1f} h, near step {step:,}; "
+                        f"batch on {machine(pl_module.device)}, trainer.max_time ends the fit in about "
+                        f"{self.forecast_hours:.1f} h, near step {step:,}; "
                         "raise trainer.max_time or lower trainer.max_steps")
         cpu = type(trainer.accelerator).__name__ == "CPUAccelerator"
         if cpu and self.forecast_hours > self.limit_hours:
             params = sum(p.numel() for p in pl_module.parameters()) / 1e6
-            message = (f"this fit is on course to take {self.forecast_hours:.1f} h on this CPU ({remaining:,} more "
+            message = (f"this fit is on course to take {self.forecast_hours:.1f} h on this CPU, {machine()} "
+                       f"({remaining:,} more "
                        f"training batches at {per_batch:.2f} s each until {self.stopped_by} ends it, validation not "
                        f"counted; a {params:.3g}M-parameter model).")
             width = text_model_width(pl_module)

@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from seqaware.profiling import machine
 from seqaware.progress import TimedProgressBar
 
 
@@ -164,7 +165,7 @@ def test_runtime_forecast_warns_once_when_a_cpu_fit_would_take_over_the_limit(mo
     assert len(messages) == int(warned)
     if warned:
         assert messages[0] == (
-            "this fit is on course to take 2.8 h on this CPU (995 more training batches at 10.00 s each until "
+            f"this fit is on course to take 2.8 h on this CPU, {machine()} (995 more training batches at 10.00 s each until "
             "trainer.max_steps ends it, validation not counted; a 3e-06M-parameter model). To shorten it, lower "
             "trainer.max_steps / max_epochs / max_time (or trainer.limit_train_batches), or train on a GPU (trainer=gpu).")
     with pytest.raises(ValueError, match="limit_hours > 0"):
@@ -212,7 +213,8 @@ def test_runtime_forecast_says_when_max_time_ends_the_fit_before_max_steps(monke
     with caplog.at_level("WARNING", logger="seqaware.callbacks"):
         _forecast_fit(monkeypatch, **trainer_kwargs)
     messages = [r.getMessage() for r in caplog.records if "will not be reached" in r.getMessage()]
-    assert messages == (["trainer.max_steps=1000 will not be reached: at 10.00 s a training batch, trainer.max_time ends "
+    assert messages == ([f"trainer.max_steps=1000 will not be reached: at 10.00 s a training batch on {machine()}, "
+                         "trainer.max_time ends "
                          "the fit in about 2.0 h, near step 720; raise trainer.max_time or lower trainer.max_steps"]
                         if warned else [])
 
