@@ -23,7 +23,9 @@ TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "in
 CONFIGS = {"bert": {"model_type": "bert", "vocab_size": 30522, "max_position_embeddings": 128, **TINY},
            "mpnet": {"model_type": "mpnet", "vocab_size": 30527, "max_position_embeddings": 514, **TINY},
            "roberta": {"model_type": "roberta", "vocab_size": 30527, "max_position_embeddings": 130, "type_vocab_size": 1,
-                       "pad_token_id": 1, **TINY}}
+                       "pad_token_id": 1, **TINY},
+           "xlm-roberta": {"model_type": "xlm-roberta", "vocab_size": 30527, "max_position_embeddings": 130,
+                           "type_vocab_size": 1, "pad_token_id": 1, **TINY}}
 # BERSON equivalence: MiniLM (all-MiniLM-L6-v2's real weights, offline) and a tiny random MPNet (eager attention)
 MODELS = {"minilm": {"name_or_path": "offline:minilm"}, "mpnet": {"config": CONFIGS["mpnet"]}}
 
@@ -45,7 +47,7 @@ def _ragged(B: int = 4, T: int = 13, seed: int = 0, pad_id: int = 0) -> dict:
 
 
 # ------------------------------------------------------------------ the encoder pass
-@pytest.mark.parametrize("kind", ["bert", "mpnet", "roberta"])
+@pytest.mark.parametrize("kind", ["bert", "mpnet", "roberta", "xlm-roberta"])
 def test_each_packed_sequence_is_encoded_as_if_alone(kind):
     """Positions restart per sequence and MPNet's buckets are the sequence's own: the packed state of every real
     token equals the model run on that sequence alone, without padding; padding states are 0."""
@@ -126,6 +128,30 @@ def test_the_packed_single_stream_encoder_matches_the_padded_one():
         images = fusion["visual_mask"]
         torch.testing.assert_close(packed.patch_states[images], padded.patch_states[images], rtol=1e-5, atol=1e-5)
         assert not packed.patch_states[~images].any()
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_the_packed_pass_recomputes_layers_under_gradient_checkpointing(kind):
+    """``gradient_checkpointing: true`` recomputes each packed layer in backward (the same gradients, fewer saved
+    activations); dropout draws the same masks again (the 0.1 of the config here).  (MPNet: transformers has no
+    activation checkpointing for it, and the encoder refuses the option for it padded or packed.)"""
+    fusion = _ragged(B=3, T=10)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        config = {**CONFIGS[kind], "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+        enc = create_encoder("text", config=config, tokenizer="offline:minilm", gradient_checkpointing=checkpointing)
+        enc.packed = True
+        enc.train()
+        torch.manual_seed(1)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            states = enc(fusion).text_states
+        states[fusion["attention_mask"].bool()].pow(2).sum().backward()
+        grads.append((torch.cat([p.grad.flatten() for p in enc.parameters() if p.grad is not None]), sum(saved)))
+    (plain, plain_saved), (recomputed, recomputed_saved) = grads
+    torch.testing.assert_close(recomputed, plain, rtol=1e-5, atol=1e-6)
+    assert recomputed_saved < plain_saved / 2
 
 
 def test_layout_moves_rows_between_the_padded_and_the_packed_layout():
@@ -221,6 +247,31 @@ def test_packed_bf16_encoder_states_and_gradients_are_as_accurate_as_padded():
         assert 0 < state_err[True] <= 1.2 * state_err[False] and 0 < grad_err[True] <= 1.2 * grad_err[False], kind
 
 
+def test_a_packed_pretraining_step_has_the_padded_losses_and_gradients():
+    """model.packed in pretraining (the single-stream encoder, text + visual tokens): steps with ragged step texts and
+    missing images, each objective with MLM, the same losses and gradients as padded (fp32), the clean SMRM pass too."""
+    from test_pretraining import tiny_module, toy_batch, toy_world
+
+    batch = toy_batch(4, seed=0, world=toy_world())
+    batch["input_ids"][:, ::2, 2], batch["attention_mask"][:, ::2, 3] = 102, 0     # even steps: [CLS] object [SEP]
+    batch["input_ids"][:, ::2, 3] = 0
+    batch["image_mask"][1, 2] = batch["image_mask"][3, 0] = False                  # two steps without an image
+    padded, packed = tiny_module("all", generator_scope="sample"), tiny_module("all", generator_scope="sample", packed=True)
+    packed.load_state_dict(padded.state_dict())
+    assert packed.encoder.packed and not padded.encoder.packed and packed.hparams.packed
+    for step, names in enumerate((("mlm", "smrm"), ("mlm", "isp"), ("mlm", "pisp"))):
+        results = []
+        for module in (padded, packed):
+            module.zero_grad()
+            loss, _, _ = module.compute_losses(batch, names, step)
+            loss.backward()
+            results.append((loss.detach(), torch.cat([p.grad.flatten() for p in module.encoder.parameters()
+                                                      if p.grad is not None])))
+        (loss_a, grads_a), (loss_b, grads_b) = results
+        assert abs(float(loss_b - loss_a)) <= 1e-5 * abs(float(loss_a)), names
+        assert (grads_b - grads_a).abs().max() <= 1e-5 * grads_a.abs().max(), names
+
+
 def test_checkpoints_load_across_the_switch():
     padded, packed = _berson("tiny_bert", "joint"), _berson("tiny_bert", "joint", packed=True)
     assert list(padded.state_dict()) == list(packed.state_dict())               # no parameters of its own
@@ -230,10 +281,12 @@ def test_checkpoints_load_across_the_switch():
     assert BersonModule(**old).encoder.packed is False
 
 
-def test_the_switch_is_in_the_berson_config(compose_train):
-    cfg = compose_train("experiment=berson_roc")
-    assert cfg.model.packed is False
-    assert compose_train("experiment=berson_roc", "model.packed=true").model.packed is True
+def test_the_switch_is_in_the_configs_packed_by_default(compose_train):
+    """Packed by default (measured faster on the CPU, docs/results/performance.md); model.packed=false is the padded
+    pass.  The class default stays false: a checkpoint from before the switch rebuilds the pass it was trained in."""
+    for experiment in ("berson_roc", "berson_finetune", "clipvil_pretrain"):
+        assert compose_train(f"experiment={experiment}").model.packed is True
+        assert compose_train(f"experiment={experiment}", "model.packed=false").model.packed is False
 
 
 # ------------------------------------------------------------------ counting the work
@@ -246,7 +299,7 @@ def test_transformer_flops_equal_the_flop_counter_on_eager_attention(kind):
     meter = enc.work_meter = WorkMeter()
     flops = counted_flops(lambda: enc(fusion).text_states.sum().backward())
     work = meter.read()
-    assert (work.tokens, work.squares, work.slots, work.passes) == (33, 3 * 11 ** 2, 33, 1)
+    assert (work.tokens, work.squares, work.slots, work.passes, work.forward_tokens) == (33, 3 * 11 ** 2, 33, 1, 0)
     shape = transformer_shape(enc.backbone)
     assert shape == {"layers": 2, "hidden": 32, "weights": 2 * (4 * 32 * 32 + 2 * 32 * 64)}
     assert flops == transformer_flops(work.tokens, work.squares, **shape)
@@ -268,6 +321,11 @@ def test_the_meter_counts_real_tokens_whatever_the_path():
     assert counts[0] == counts[1]
     assert (counts[0].tokens, counts[0].squares, counts[0].slots) == (34, 169 + 100 + 49 + 16, 52)
     assert counts[0].padding == pytest.approx(18 / 52)
+    shape = transformer_shape(enc.backbone)                                     # no gradients: a forward's FLOPs
+    assert counts[0].forward_tokens == 34 and counts[0].flops(shape) == transformer_flops(34, 334, **shape, train=False)
+    meter = enc.work_meter = WorkMeter()
+    enc(fusion)                                                                 # with gradients: a training step's
+    assert meter.read().flops(shape) == transformer_flops(34, 334, **shape) == 3 * counts[0].flops(shape)
 
 
 def test_every_berson_fit_logs_its_work():

@@ -20,14 +20,17 @@ slots when the sequences differ in length (ROCStories, joint, batches of 16: 23%
 
 The result is scattered back to (B, T, H), zeros at the padding, so the decoders, losses and metrics (which
 read real tokens only) are untouched; the logits and gradients equal the padded pass's within float rounding
-(``tests/test_packing.py``: fp32 and bf16 autocast, MiniLM-shaped BERT and MPNet, joint and pairwise).
+(``tests/test_packing.py``: MiniLM's real weights and a tiny MPNet, BERSON joint and pairwise, fp32 and bf16
+autocast; a pretraining step).
 
-Models: BERT (MiniLM), RoBERTa and MPNet, running their own modules (the layers' ``query`` / ``key`` / ``value``,
-``attention.output``, ``intermediate``, ``output``; MPNet's ``attn.q`` / ``k`` / ``v`` / ``o``): no new
+Models: BERT (MiniLM), RoBERTa (and XLM-R) and MPNet, running their own modules (the layers' ``query`` / ``key`` /
+``value``, ``attention.output``, ``intermediate``, ``output``; MPNet's ``attn.q`` / ``k`` / ``v`` / ``o``): no new
 parameters, the same state dict, so checkpoints load either way.  Another model type is refused when the switch
-is set.  transformers' ``varlen`` / nested-tensor kernels are not used: on this torch the nested-tensor SDPA ran
-3x slower than the re-padded one on a CPU, and the flash ``varlen_attn`` has no attention dropout (BERT's
-fine-tuning recipe uses 0.1) nor a CPU kernel.
+is set.  ``torch.nn.attention.varlen`` and nested-tensor attention are not used: on this torch the nested-tensor
+SDPA ran 3x slower than the re-padded one on a CPU, and the flash ``varlen_attn`` has neither a CPU kernel nor
+attention dropout (BERT's fine-tuning recipe uses 0.1).  The pass runs under ``torch.compile`` (``dynamic: true``:
+one graph for every token count, checked on a CPU).  Speed (docs/results/performance.md): faster on a 2-core CPU
+(BERSON 1.14-1.29x a step, pretraining 1.06-1.15x); on a GPU it adds ~4 small kernels a layer and is not measured.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-PACKED_MODELS = ("bert", "roberta", "mpnet")
+PACKED_MODELS = ("bert", "roberta", "xlm-roberta", "mpnet")
 
 
 class _Gather(torch.autograd.Function):

@@ -80,6 +80,7 @@ from torch import nn
 
 from seqaware.encoders.base import SequenceEncoder, fusion_input
 from seqaware.encoders.contract import EncoderOutput
+from seqaware.encoders.packing import check_packable
 from seqaware.io import atomic_open
 from seqaware.runs import best_checkpoint
 from seqaware.modules.base import GatheredEvalMixin, SeqawareModule, as_container, gather_unique, global_share, world_size
@@ -141,6 +142,9 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
         compile: ``true`` runs the encoder under ``torch.compile``, a dict passes its keys to it
             (``{mode: max-autotune, dynamic: false}``); ``false`` (default) runs it eagerly
             (:meth:`~seqaware.modules.base.SeqawareModule.compile_encoder`).
+        packed: ``true`` runs the encoder's transformer on the real text + visual tokens only
+            (:mod:`seqaware.encoders.packing`; BERT / MiniLM, RoBERTa, MPNet): the same losses and gradients
+            within float rounding, no parameters of its own; ``false`` (default) the padded batch.
         head_lr: learning rate of the randomly initialised parts: the objectives' heads and the
             encoder's new layers (:meth:`~seqaware.encoders.base.SequenceEncoder.new_parameters`:
             visual projection, step embedding, ...); null: ``optimizer.lr`` for every parameter, as in
@@ -166,7 +170,7 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
                  generator_scope: str = "rank", loss_normalization: str = "global", tie_lm_head: Optional[bool] = None,
                  freeze_batchnorm: bool = True, clean_pass_eval: bool = True, export_weights: str = "best",
                  encoder_file: str = "encoder.pt", wandb_samples: Optional[int] = None,
-                 head_lr: Optional[float] = None, compile: bool | dict = False):
+                 head_lr: Optional[float] = None, compile: bool | dict = False, packed: bool = False):
         super().__init__()
         if not objectives or not objectives.get("enabled"):
             raise ValueError("model.objectives.enabled is not set: pick an objective set with objectives=NAME "
@@ -184,7 +188,7 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             "loss_normalization": loss_normalization,
             "freeze_batchnorm": freeze_batchnorm, "clean_pass_eval": clean_pass_eval,
             "export_weights": export_weights, "encoder_file": encoder_file, "head_lr": head_lr,
-            "compile": as_container(compile)})
+            "compile": as_container(compile), "packed": bool(packed)})
         if head_lr is not None and not float(head_lr) > 0:
             raise ValueError(f"model.head_lr must be a positive learning rate or null, got {head_lr!r}")
 
@@ -225,6 +229,9 @@ class PretrainingModule(GatheredEvalMixin, SeqawareModule):
             n = len(freeze_batchnorm_layers(self.encoder))
             if n:
                 log.info("froze %d BatchNorm layers of the encoder", n)
+        if packed:   # model.packed: the transformer on the real tokens only (seqaware/encoders/packing.py)
+            check_packable(self.encoder)
+            self.encoder.packed = True
         self.compile_encoder(as_container(compile))
         embeddings = getattr(self.encoder, "word_embeddings", None)
         if not self.encoder.uses_text and isinstance(embeddings, nn.Embedding):
