@@ -75,8 +75,9 @@ def transformer_flops(tokens: int, squares: int, layers: int, hidden: int, weigh
 
 
 def counted_flops(step: Callable[[], Any]) -> int:
-    """Every FLOP ``step()`` executes, as ``torch.utils.flop_counter.FlopCounterMode`` counts them (matmuls and
-    attention; padding included).  For benchmarks: far too slow for a training loop."""
+    """Every FLOP ``step()`` executes, as ``torch.utils.flop_counter.FlopCounterMode`` counts them (matmuls and the
+    GPU attention kernels; padding included; torch 2.14 does not count the CPU SDPA kernel).  For benchmarks: far
+    too slow for a training loop."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
@@ -144,10 +145,13 @@ class WorkMeter:
 
 class StepWork(pl.Callback):
     """Logs every training batch's work (:class:`WorkMeter` on the module's ``encoder``): ``perf/flops_per_step``
-    (:meth:`Work.flops`: :func:`transformer_flops` of the batch's real tokens), ``perf/tokens_per_s`` (real tokens over the time
-    from the previous batch's end, data loading included; validation and epoch starts excluded),
-    ``perf/padding`` and, on a GPU listed in :data:`GPU_BF16_PEAK`, ``perf/mfu``.  This rank's figures.
-    A module without an ``encoder`` wrapping a Hugging Face ``backbone`` logs nothing."""
+    (:meth:`Work.flops`: :func:`transformer_flops` of the batch's real tokens; a pair chunk recomputed in backward
+    is not counted again), ``perf/tokens_per_s`` (real tokens over the time from the previous batch's end, data
+    loading included; validation and epoch starts excluded), ``perf/padding`` and, on a GPU listed in
+    :data:`GPU_BF16_PEAK`, ``perf/mfu`` (against the bf16 peak whatever the precision, as MFU is quoted).  Per
+    training batch (with ``trainer.accumulate_grad_batches`` a step is several) and this rank's.  Nothing is
+    synchronised but the one read of the counts per batch.  A module without an ``encoder`` wrapping a Hugging
+    Face ``backbone`` logs nothing."""
 
     def __init__(self):
         self.meter: Optional[WorkMeter] = None

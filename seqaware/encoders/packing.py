@@ -85,7 +85,7 @@ class Layout:
 
 
 def packing_family(backbone: nn.Module) -> Optional[str]:
-    """``bert`` (BERT, MiniLM, RoBERTa), ``mpnet`` or None (a model the packed pass does not cover)."""
+    """``bert`` (BERT, MiniLM, RoBERTa, XLM-R), ``mpnet`` or None (a model the packed pass does not cover)."""
     config = getattr(backbone, "config", None)
     kind = getattr(config, "model_type", None)
     if kind not in PACKED_MODELS or getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
@@ -183,9 +183,13 @@ def packed_forward(backbone: nn.Module, mask: torch.Tensor, input_ids: Optional[
         run = _mpnet_layer
     else:
         attn_mask, run = keys, _bert_layer
+    # gradient_checkpointing: true (transformers' switch): each layer recomputed in backward, as the padded pass does
     recompute = getattr(backbone, "is_activation_checkpointing", False) and backbone.training and torch.is_grad_enabled()
     for layer in backbone.encoder.layer:
-        h = checkpoint(run, layer, h, layout, attn_mask, use_reentrant=False) if recompute else run(layer, h, layout, attn_mask)
+        if recompute:
+            h = checkpoint(run, layer, h, layout, attn_mask, use_reentrant=False)
+        else:
+            h = run(layer, h, layout, attn_mask)
     return layout.pad(h)
 
 
