@@ -126,7 +126,10 @@ def bench_training(steps: int, batch: int, bf16: bool, device: str, text: str = 
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     mem = f", peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device == "cuda" else ""
-    print(f"BERSON training ({device}, {'bf16 autocast' if bf16 else 'fp32'}, MiniLM, 5-step stories x {batch}): "
+    from seqaware.profiling import machine
+
+    print(f"BERSON training on {machine(device)} ({device}, {'bf16 autocast' if bf16 else 'fp32'}, MiniLM, 5-step "
+          f"stories x {batch}): "
           f"{steps * batch / elapsed:.2f} samples/s, {elapsed / steps:.2f} s/step{mem}")
 
 
@@ -223,6 +226,9 @@ def _train_step(model, opt, batch: dict, bf16: bool, device: str) -> float:
 def bench_pair_encodings(sizes: list[int], modalities: list[str], steps: int, batch: int, bf16: bool, device: str,
                          text: str, random_weights: bool, image_size: int) -> list[dict]:
     """Pairwise vs joint pair encoding: one record per (modality, n, pair encoding), printed as a table."""
+    from seqaware.profiling import machine
+
+    where = machine(device)
     records = []
     for modality in modalities:
         for n in sizes:
@@ -243,7 +249,7 @@ def bench_pair_encodings(sizes: list[int], modalities: list[str], steps: int, ba
             for pair_encoding, (_, _, load, times) in runs.items():
                 step_s = statistics.median(times)  # the median: robust to a burst of load on a shared machine
                 records.append({"modality": modality, "n": n, "pair_encoding": pair_encoding, "batch": batch,
-                                "device": device, "bf16": bf16, "random_weights": random_weights,
+                                "device": device, "machine": where, "bf16": bf16, "random_weights": random_weights,
                                 "image_size": image_size if modality == "multimodal" else None,
                                 "encoder_passes": load["passes"] / batch, "tokens": load["tokens"] / batch,
                                 "encoder_flops": load["encoder_flops"] / batch, "total_flops": load["total_flops"] / batch,
@@ -257,7 +263,7 @@ def bench_pair_encodings(sizes: list[int], modalities: list[str], steps: int, ba
             r["speedup"] = base["step_s"] / r["step_s"]
             r["flops_ratio"] = base["encoder_flops"] / max(r["encoder_flops"], 1)
     weights = "random weights" if random_weights else "offline weights"
-    print(f"BERSON pair encodings ({device}, {'bf16 autocast' if bf16 else 'fp32'}, {weights}, batch {batch}, "
+    print(f"BERSON pair encodings on {where} ({device}, {'bf16 autocast' if bf16 else 'fp32'}, {weights}, batch {batch}, "
           f"{steps} timed steps): per procedure")
     print("| modality | n | pair encoding | encoder passes | encoder tokens | encoder GFLOPs (fwd) | encode GFLOPs (fwd) "
           "| train step s | joint speed-up |\n|---|---:|---|---:|---:|---:|---:|---:|---:|")
