@@ -243,3 +243,16 @@ def test_wu2022_pretraining_is_eq1_one_objective_per_mini_batch_beside_mlm(compo
     assert all(len(d) == 2 for d in paper_all) and set(counts) == {"isp", "pisp", "smrm"}
     assert all(abs(c / 3000 - 1 / 3) < 0.04 for c in counts.values()), counts
     assert all(d == ("mlm", "smrm", "isp") for d in draws())  # seqaware's default: MLM + SMRM, ISP alone rotates
+
+
+def test_the_pretraining_and_fine_tuning_defaults_and_what_wu2022_keeps_of_them(compose_train):
+    """The defaults docs/results/label_efficiency.md measured: pretraining at encoder lr 2e-5 with the new layers and
+    heads at 1e-3 (the image-only recipe keeps its measured one lr of 1e-4); BERSON fine-tuned from a pretraining run
+    draws its own step embedding. hparams=wu2022: one lr everywhere (Table 11)."""
+    for experiment in ("clipvil_pretrain", "visualbert_pretrain", "roberta_pretrain"):
+        m = compose_train(f"experiment={experiment}").model
+        assert (m.optimizer.lr, m.head_lr) == (2e-5, 1e-3), experiment
+        assert compose_train(f"experiment={experiment}", "hparams=wu2022").model.head_lr is None
+    m = compose_train("experiment=clip_image_pretrain").model
+    assert (m.optimizer.lr, m.head_lr) == (1e-4, None)
+    assert compose_train("experiment=berson_finetune").model.encoder.ckpt_new_layers == "order"
