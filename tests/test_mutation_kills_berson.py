@@ -143,6 +143,22 @@ def test_the_loss_of_one_instance_is_its_own_mean_and_logs_the_pair_accuracy():
     assert 0 < int(correct.sum()) < 12       # neither 0 nor 1: a product and a ratio differ
 
 
+def test_a_two_step_instances_pointer_loss_is_its_first_picks_nll():
+    """loss_norm=instance divides by n - 1 (the last pick is forced): by 1 for two steps."""
+    d = decoder(variant="paper")
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]]).bool()
+    state = state_of(d, mask, seed=11)
+    gold = torch.tensor([[1, 0, -1], [2, 0, 1]])
+    targets, _ = pairwise_targets(gold, mask)
+    with torch.no_grad():
+        logp = d.pointer_log_probs(state, gold)
+        norm = d.normalised(d.loss_terms(state, gold, targets))
+    sums, counts = norm["pointer_loss"]
+    assert counts.tolist() == [1, 1]
+    torch.testing.assert_close(sums[0], -logp[0, 0, 1])
+    torch.testing.assert_close(sums[1], -(logp[1, 0, 2] + logp[1, 1, 0] + logp[1, 2, 1]) / 2)
+
+
 def test_the_loss_terms_are_per_instance():
     d = decoder()
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]).bool()
