@@ -238,6 +238,21 @@ class StepCollator:
         ids = self.tokens.ids([s.text or "" for s in steps], self.max_tokens, self.max_sentences)
         return 1 + sum(max(len(x) - 1, 0) for x in ids)
 
+    def pair_tokens(self, item: ViewItem) -> int:
+        """Text tokens of ``item``'s n(n-1) ordered step pairs as BERSON's pairwise encoding passes them: pair
+        (i, j) is step i's tokens and step j's without its CLS (``[CLS] s_i [SEP] s_j [SEP]``), plus the second
+        separator of a RoBERTa / MPNet pair (``<s> s_i </s></s> s_j </s>``); each step capped as
+        :meth:`__call__` caps it.  Without text: the number of pairs."""
+        steps = item.steps[: self.max_steps]
+        n = len(steps)
+        if not self.use_text:
+            return n * (n - 1)
+        ids = self.tokens.ids([s.text or "" for s in steps], self.max_tokens, self.max_sentences)
+        if not hasattr(self, "_pair_extra"):    # the tokenizer's pair format: the tokens a pair adds to a + b[1:]
+            single = len(self.tokenizer("a")["input_ids"])
+            self._pair_extra = len(self.tokenizer("a", "b")["input_ids"]) - (2 * single - 1)
+        return n * (n - 1) * (1 + self._pair_extra) + 2 * (n - 1) * sum(len(x) - 1 for x in ids)
+
     def __call__(self, items: list[ViewItem]) -> dict[str, Any]:
         batch_size = len(items)
         num_steps = max(len(it.steps) for it in items)

@@ -20,6 +20,8 @@ from seqaware.procedure import Procedure, ProcedureFormatError
 
 log = logging.getLogger(__name__)
 
+TOKEN_COUNTS = ("joint", "pairwise")   # data.batch_tokens_count
+
 
 class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
     """Builds a task view of each split and batches it with :class:`StepCollator`.
@@ -55,6 +57,14 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
             Lengths are measured once, on each instance as epoch 0 draws it (exact for the sequencing
             view, whose steps only change order; a proxy for pretraining sub-sequences).
         bucket_factor: batches per sorting window of the bucketing sampler.
+        batch_tokens: training batches of at most this many tokens per process instead of ``batch_size``
+            instances (:class:`~data_modules.sampling.TokenBudgetBatchSampler`: shuffled, never sorted by
+            length, the same number of batches every epoch; about ``longest instance / batch_tokens`` of the
+            budget left unused).  None: ``batch_size`` instances.  Not with ``bucket_by_length``.
+        batch_tokens_count: what an instance's tokens are: ``joint`` (its steps packed into one sequence,
+            :meth:`StepCollator.text_length`: a joint BERSON pass, pretraining) or ``pairwise`` (its n(n-1) step
+            pairs, :meth:`StepCollator.pair_tokens`: BERSON's pairwise encoding).  Counted once, on each
+            instance as epoch 0 draws it.
         reshuffle_train: sequencing: a new permutation of each training procedure's steps every epoch
             (default); False: one per procedure, drawn once from ``(seed, id)`` and kept for every epoch
             (BERSON's release shuffles each story once when it builds its features).
@@ -71,8 +81,17 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
                  allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None,
                  bucket_by_length: bool = False, bucket_factor: int = 50,
                  extra_train_paths: Sequence[str] | None = None, reshuffle_train: bool = True,
-                 train_subset: int | None = None):
+                 train_subset: int | None = None, batch_tokens: int | None = None, batch_tokens_count: str = "joint"):
         super().__init__()
+        if batch_tokens is not None and (isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int)
+                                         or batch_tokens < 1):
+            raise ValueError(f"data.batch_tokens must be a positive number of tokens or null, got {batch_tokens!r}")
+        if batch_tokens_count not in TOKEN_COUNTS:
+            raise ValueError(f"data.batch_tokens_count must be one of {list(TOKEN_COUNTS)}, got {batch_tokens_count!r}")
+        if batch_tokens is not None and bucket_by_length:
+            raise ValueError("data.batch_tokens and data.bucket_by_length=true: a token budget takes the shuffled "
+                             "order as it comes, bucketing sorts it by length; set one of them")
+        self.batch_tokens, self.batch_tokens_count = batch_tokens, batch_tokens_count
         if train_subset is not None and (isinstance(train_subset, bool) or not isinstance(train_subset, int)
                                          or train_subset < 1):
             raise ValueError(f"data.train_subset must be a positive number of training procedures or null, "
@@ -197,15 +216,25 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
             raise ValueError(f"the data source gave no '{split}' split (it has {sorted(self.datasets)}); "
                              f"set data.{split}_path or the source's {split} data")
         lengths = None
-        if self.bucket_by_length and split == "train":
+        budget = self.batch_tokens if split == "train" else None
+        if (self.bucket_by_length or budget) and split == "train":
             if self._train_lengths is None:  # tokenises every step text once (the collator keeps the ids)
                 view = self.datasets[split]
-                self._train_lengths = [self.collator.text_length(view[i]) for i in range(len(view))]
+                count = self.collator.pair_tokens if budget and self.batch_tokens_count == "pairwise" else \
+                    self.collator.text_length
+                self._train_lengths = [count(view[i]) for i in range(len(view))]
             lengths = self._train_lengths
-        return epoch_loader(self.datasets[split], batch_size=batch_size, shuffle=shuffle, seed=self.seed,
-                            trainer=self.trainer, collate_fn=self.collator, lengths=lengths,
-                            bucket_factor=self.bucket_factor, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
+        loader = epoch_loader(self.datasets[split], batch_size=batch_size, shuffle=shuffle, seed=self.seed,
+                              trainer=self.trainer, collate_fn=self.collator, lengths=lengths,
+                              bucket_factor=self.bucket_factor, num_workers=self.num_workers,
+                              pin_memory=self.pin_memory, persistent_workers=self.persistent_workers,
+                              batch_tokens=budget)
+        if budget:
+            sampler = loader.batch_sampler
+            log.info("data.batch_tokens=%d (%s tokens): %d batches an epoch (%d per process) of %.1f training "
+                     "instances on average, %.1f%% of the budget unused", budget, self.batch_tokens_count,
+                     sampler.count, len(sampler), sampler.mean_batch_size, 100 * sampler.padding)
+        return loader
 
 
 def describe_source(source: Any, paths: dict[str, str], split: str) -> str:

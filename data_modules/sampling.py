@@ -1,8 +1,8 @@
 """The one sampling scheme of every data module: seeded per epoch, sharded under DDP, exactly resumable.
 
 Every loader a data module returns comes from :func:`epoch_loader`. Its sampler yields
-``(index, epoch)`` keys (:class:`EpochSampler`, or :class:`LengthBucketBatchSampler` for batches of
-similar length), so
+``(index, epoch)`` keys (:class:`EpochSampler`, :class:`LengthBucketBatchSampler` for batches of
+similar length, or :class:`TokenBudgetBatchSampler` for batches of a token budget), so
 
 * the order of an epoch is a pure function of ``(seed, epoch)``: Lightning calls ``set_epoch``
   before every epoch, also on resume, and the run resumed from a mid-epoch checkpoint sees the
@@ -10,7 +10,9 @@ similar length), so
 * datasets may draw per-item randomness from the key (the sequencing view's shuffled step order);
 * under DDP each rank takes every ``world_size``-th item (or batch), padded by repeating the first
   ones like :class:`torch.utils.data.DistributedSampler`, so all ranks run the same number of
-  steps.  Evaluation records are gathered and de-duplicated by id afterwards
+  steps (the token-budget sampler cuts a multiple of ``world_size`` batches instead, so nothing repeats);
+* a run resumed mid-epoch skips the batches it trained on: the ``Preemption`` callback wraps a plain
+  loader's sampler, and calls :meth:`skip_batches` of the batch samplers here.  Evaluation records are gathered and de-duplicated by id afterwards
   (:class:`seqaware.modules.base.GatheredEvalMixin`), so the padding never counts twice.
 
 Lightning's own sampler replacement is off (``trainer.use_distributed_sampler: false``) because
@@ -66,7 +68,21 @@ class EpochSampler(Sampler):
         return self.size
 
 
-class LengthBucketBatchSampler(Sampler[list[Key]]):
+class _SkippableBatches:
+    """:meth:`skip_batches`: the next pass leaves out its first ``count`` batches (a run resumed mid-epoch: the
+    ones it trained on before the stop), then every pass is whole again; ``len`` stays the whole epoch's."""
+
+    _skip = 0
+
+    def skip_batches(self, count: int) -> None:
+        self._skip = int(count)
+
+    def _keyed(self, batches: list[list[int]], epoch: int) -> Iterator[list[Key]]:
+        skip, self._skip = self._skip, 0
+        return iter([[(i, epoch) for i in batch] for batch in batches[skip:]])
+
+
+class LengthBucketBatchSampler(_SkippableBatches, Sampler[list[Key]]):
     """Micro-batches of similar length, for less padding (the TEO LoRA ``mateo_fast`` preset).
 
     Per epoch: shuffle all indices with ``(seed, epoch)``; cut them into windows of
@@ -105,7 +121,7 @@ class LengthBucketBatchSampler(Sampler[list[Key]]):
         return _pad_and_shard(batches, self.num_replicas, self.rank)
 
     def __iter__(self) -> Iterator[list[Key]]:
-        return iter([[(i, self.epoch) for i in batch] for batch in self._batches()])
+        return self._keyed(self._batches(), self.epoch)
 
     def __len__(self) -> int:
         n = len(self.lengths)
@@ -115,6 +131,69 @@ class LengthBucketBatchSampler(Sampler[list[Key]]):
         else:
             count = sum(-(-min(window, n - s) // self.batch_size) for s in range(0, n, window))
         return -(-count // self.num_replicas) if self.num_replicas > 1 else count
+
+
+class TokenBudgetBatchSampler(_SkippableBatches, Sampler[list[Key]]):
+    """Batches of at most ``max_tokens`` tokens in shuffled order, never sorted by length (``data.batch_tokens``).
+
+    Per epoch: shuffle all indices with ``(seed, epoch)``, then cut the shuffled stream into ``count``
+    consecutive batches of near-equal tokens: batch ``j`` starts at the first instance whose running total
+    of ``lengths`` reaches ``j / count`` of the epoch's tokens.  ``count`` is the same every epoch:
+    ``ceil(total / (max_tokens - longest))`` rounded up to a multiple of ``num_replicas``, so every batch
+    holds less than ``total / count + longest <= max_tokens`` tokens whatever the order, every epoch has the
+    same number of steps (the lr schedule counts the run's real steps) and the batches' mean fill,
+    ``total / (count * max_tokens)``, is known before the first one (:attr:`padding`: the budget left
+    unused; about ``longest / max_tokens``).  Under DDP rank ``r`` takes batches ``r, r + R, ...``: the
+    same number on every rank, no instance twice.  A batch's tokens are within ``longest`` of
+    ``total / count``, its instances ``len / count`` on average (:attr:`mean_batch_size`).
+    """
+
+    def __init__(self, lengths: Sequence[int], max_tokens: int, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0):
+        self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
+        self.max_tokens, self.shuffle, self.seed = int(max_tokens), shuffle, int(seed)
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.epoch = 0
+        if not len(self.lengths) or int(self.lengths.min()) < 1:
+            raise ValueError("a token budget needs instances of at least one token each")
+        self.total, self.longest = int(self.lengths.sum()), int(self.lengths.max())
+        if self.max_tokens <= self.longest:
+            raise ValueError(f"data.batch_tokens={self.max_tokens}: the longest training instance has {self.longest} "
+                             f"tokens; raise data.batch_tokens (to at least {2 * self.longest})")
+        count = -(-self.total // (self.max_tokens - self.longest))
+        self.count = -(-count // self.num_replicas) * self.num_replicas
+        if self.total < self.count * self.longest:   # a batch could come out empty
+            raise ValueError(f"data.batch_tokens={self.max_tokens}: {self.total} training tokens in {self.count} "
+                             f"batches ({self.num_replicas} process(es)) leave fewer than the longest instance "
+                             f"({self.longest} tokens) a batch; raise data.batch_tokens (to at least "
+                             f"{2 * self.longest}) or use data.batch_size")
+
+    @property
+    def mean_batch_size(self) -> float:
+        return len(self.lengths) / self.count
+
+    @property
+    def padding(self) -> float:
+        return 1.0 - self.total / (self.count * self.max_tokens)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _batches(self) -> list[list[int]]:
+        n = len(self.lengths)
+        order = torch.randperm(n, generator=_epoch_generator(self.seed, self.epoch)) if self.shuffle else torch.arange(n)
+        running = torch.cat([torch.zeros(1, dtype=torch.long), self.lengths[order].cumsum(0)])
+        # start of batch j: the first i with running[i] >= j * total / count (integers: no rounding)
+        starts = torch.searchsorted(running * self.count, torch.arange(self.count + 1) * self.total).tolist()
+        starts[-1] = n
+        batches = [order[a:b].tolist() for a, b in zip(starts, starts[1:])]
+        return batches[self.rank::self.num_replicas]
+
+    def __iter__(self) -> Iterator[list[Key]]:
+        return self._keyed(self._batches(), self.epoch)
+
+    def __len__(self) -> int:
+        return self.count // self.num_replicas
 
 
 class KeyedList(Dataset):
@@ -157,16 +236,24 @@ def shard_of(trainer: Any) -> tuple[int, int]:
 def epoch_loader(dataset: Dataset, *, batch_size: int, shuffle: bool, seed: int, trainer: Any = None,
                  collate_fn: Optional[Callable] = None, lengths: Optional[Sequence[int]] = None,
                  bucket_factor: int = 50, num_workers: int = 0, pin_memory: bool = False,
-                 persistent_workers: bool = False) -> DataLoader:
+                 persistent_workers: bool = False, batch_tokens: Optional[int] = None) -> DataLoader:
     """The DataLoader of one split under the scheme above.
 
-    ``lengths`` (training only) groups batches by length with :class:`LengthBucketBatchSampler`.
-    The loader gets a private generator, so building one never consumes the global RNG.
+    ``lengths`` (training only) groups batches by length with :class:`LengthBucketBatchSampler`, or with
+    ``batch_tokens`` cuts batches of at most that many tokens (:class:`TokenBudgetBatchSampler`; then
+    ``batch_size`` is not used).  The loader gets a private generator, so building one never consumes the
+    global RNG.
     """
     replicas, rank = shard_of(trainer)
     common = {"collate_fn": collate_fn, "num_workers": num_workers, "pin_memory": pin_memory,
               "persistent_workers": persistent_workers and num_workers > 0,
               "generator": torch.Generator().manual_seed(int(seed))}
+    if batch_tokens is not None:
+        if lengths is None:
+            raise ValueError("a token budget (batch_tokens) needs the instances' lengths")
+        batch_sampler = TokenBudgetBatchSampler(lengths, batch_tokens, shuffle=shuffle, seed=seed,
+                                                num_replicas=replicas, rank=rank)
+        return DataLoader(dataset, batch_sampler=batch_sampler, **common)
     if lengths is not None:
         batch_sampler = LengthBucketBatchSampler(lengths, batch_size, bucket_factor, shuffle=shuffle, seed=seed,
                                                  num_replicas=replicas, rank=rank)

@@ -165,9 +165,14 @@ class Preemption(pl.Callback):
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
         loader = trainer.train_dataloader
         batch_sampler = getattr(loader, "batch_sampler", None)
-        if not trainer.fit_loop.restarting or not done or batch_sampler is None or not hasattr(batch_sampler, "sampler"):
+        if not trainer.fit_loop.restarting or not done or batch_sampler is None:
             return
-        batch_sampler.sampler = _SkipFirst(batch_sampler.sampler, done * batch_sampler.batch_size)
+        if hasattr(batch_sampler, "skip_batches"):   # a batch sampler of its own (token budget, length buckets)
+            batch_sampler.skip_batches(done)
+        elif hasattr(batch_sampler, "sampler"):
+            batch_sampler.sampler = _SkipFirst(batch_sampler.sampler, done * batch_sampler.batch_size)
+        else:
+            return
         log.info("resumed mid-epoch: skipping the %d batches of epoch %d already trained on", done, trainer.current_epoch)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
