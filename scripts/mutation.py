@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                              "another test would kill counts as surviving. A file added at a later run has its new "
                              "tests' coverage recorded and the survivors run again; a file left out does not undo "
                              "the kills of its tests (delete mutants/ or use --rerun for that)")
+    parser.add_argument("--deselect", action="append", metavar="NODEID",
+                        help="leave one test out of mutmut's selection, as --tests adds files (e.g. a test that fails "
+                             "on the checkout for a reason of its own: mutmut needs every selected test to pass)")
     args = parser.parse_args(argv)
     scope = tuple(args.only) if args.only else SCOPE
     if args.only:
@@ -230,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         # one thread per mutant process: mutmut runs one per CPU already
         env = {**os.environ, **{var: "1" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
         if names:
-            mutmut = ([sys.executable, "-c", MUTMUT_WITH_TESTS, *args.tests, "--"] if args.tests
+            selection = [*(args.tests or []), *(f"--deselect={node}" for node in args.deselect or [])]
+            mutmut = ([sys.executable, "-c", MUTMUT_WITH_TESTS, *selection, "--"] if selection
                       else [sys.executable, "-m", "mutmut"])
             code = subprocess.call([*mutmut, "run", *extra, *names], cwd=ROOT, env=env)
             # mutmut has generated every mutant now: a pattern that still matches none is named (mutmut itself

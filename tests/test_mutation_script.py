@@ -164,6 +164,11 @@ def test_tests_narrow_the_tests_mutmut_draws_from_to_those_files(project, mutant
     # the files narrow the selection, but are no change of mutmut's configuration: results are kept when files
     # are added (mutmut records the new tests' coverage itself)
     assert seen == [(args[6:], "mutmut", ["-m", "not slow", "tests/test_a.py", "tests/test_b.py"], plain)]
+    calls.clear()
+    assert mutation.main(["run", "--only", "seqaware.runs.*", "--tests", "tests/test_a.py",
+                          "--deselect", "tests/test_a.py::test_x", "--deselect", "tests/test_a.py::test_y"]) == 0
+    assert calls[0][0][3:7] == ["tests/test_a.py", "--deselect=tests/test_a.py::test_x",
+                                "--deselect=tests/test_a.py::test_y", "--"]
 
 
 def test_after_a_change_of_the_test_command_every_mutant_in_scope_runs(project, mutants, monkeypatch, capsys):
