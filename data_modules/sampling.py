@@ -12,7 +12,9 @@ similar length, or :class:`TokenBudgetBatchSampler` for batches of a token budge
   ones like :class:`torch.utils.data.DistributedSampler`, so all ranks run the same number of
   steps (the token-budget sampler cuts a multiple of ``world_size`` batches instead, so nothing repeats);
 * a run resumed mid-epoch skips the batches it trained on: the ``Preemption`` callback wraps a plain
-  loader's sampler, and calls :meth:`skip_batches` of the batch samplers here.  Evaluation records are gathered and de-duplicated by id afterwards
+  loader's sampler, and calls ``skip_batches`` of the batch samplers here.  Lightning sets the epoch on a
+  loader's ``sampler`` and on its batch sampler's ``sampler`` only, so the batch samplers here take it through
+  a ``sampler`` attribute of their own (without it, every epoch of a length-bucketed run was epoch 0's).  Evaluation records are gathered and de-duplicated by id afterwards
   (:class:`seqaware.modules.base.GatheredEvalMixin`), so the padding never counts twice.
 
 Lightning's own sampler replacement is off (``trainer.use_distributed_sampler: false``) because
@@ -68,21 +70,48 @@ class EpochSampler(Sampler):
         return self.size
 
 
-class _SkippableBatches:
-    """:meth:`skip_batches`: the next pass leaves out its first ``count`` batches (a run resumed mid-epoch: the
-    ones it trained on before the stop), then every pass is whole again; ``len`` stays the whole epoch's."""
+class _EpochSetter:
+    """A batch sampler's ``sampler`` attribute, there for Lightning: at each epoch's start it calls ``set_epoch`` on a
+    loader's ``sampler`` and on its batch sampler's ``sampler``, never on the batch sampler itself."""
 
+    def __init__(self, owner: "_EpochBatchSampler"):
+        self.owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
+
+
+class _EpochBatchSampler(Sampler[list[Key]]):
+    """The batch samplers' shared part: ``(index, epoch)`` keys of the subclass's ``_batches()``, drawn when the
+    pass starts (Lightning creates an epoch's iterator before it sets the epoch and before a resumed fit's
+    ``on_train_start``), the epoch set through :attr:`sampler` too, and :meth:`skip_batches`."""
+
+    epoch = 0
     _skip = 0
 
+    @property
+    def sampler(self) -> _EpochSetter:
+        return _EpochSetter(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
     def skip_batches(self, count: int) -> None:
+        """The next pass leaves out its first ``count`` batches (a run resumed mid-epoch: the ones it trained on
+        before the stop); later passes are whole.  ``len`` stays the whole epoch's, as Lightning counts on it."""
         self._skip = int(count)
 
-    def _keyed(self, batches: list[list[int]], epoch: int) -> Iterator[list[Key]]:
+    def _batches(self) -> list[list[int]]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[list[Key]]:
         skip, self._skip = self._skip, 0
-        return iter([[(i, epoch) for i in batch] for batch in batches[skip:]])
+        epoch = self.epoch
+        for batch in self._batches()[skip:]:
+            yield [(i, epoch) for i in batch]
 
 
-class LengthBucketBatchSampler(_SkippableBatches, Sampler[list[Key]]):
+class LengthBucketBatchSampler(_EpochBatchSampler):
     """Micro-batches of similar length, for less padding (the TEO LoRA ``mateo_fast`` preset).
 
     Per epoch: shuffle all indices with ``(seed, epoch)``; cut them into windows of
@@ -101,9 +130,6 @@ class LengthBucketBatchSampler(_SkippableBatches, Sampler[list[Key]]):
         self.num_replicas, self.rank = int(num_replicas), int(rank)
         self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
     def _batches(self) -> list[list[int]]:
         gen = _epoch_generator(self.seed, self.epoch)
         n = len(self.lengths)
@@ -120,9 +146,6 @@ class LengthBucketBatchSampler(_SkippableBatches, Sampler[list[Key]]):
             batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
         return _pad_and_shard(batches, self.num_replicas, self.rank)
 
-    def __iter__(self) -> Iterator[list[Key]]:
-        return self._keyed(self._batches(), self.epoch)
-
     def __len__(self) -> int:
         n = len(self.lengths)
         window = self.batch_size * self.bucket_factor
@@ -133,7 +156,7 @@ class LengthBucketBatchSampler(_SkippableBatches, Sampler[list[Key]]):
         return -(-count // self.num_replicas) if self.num_replicas > 1 else count
 
 
-class TokenBudgetBatchSampler(_SkippableBatches, Sampler[list[Key]]):
+class TokenBudgetBatchSampler(_EpochBatchSampler):
     """Batches of at most ``max_tokens`` tokens in shuffled order, never sorted by length (``data.batch_tokens``).
 
     Per epoch: shuffle all indices with ``(seed, epoch)``, then cut the shuffled stream into ``count``
@@ -176,9 +199,6 @@ class TokenBudgetBatchSampler(_SkippableBatches, Sampler[list[Key]]):
     def padding(self) -> float:
         return 1.0 - self.total / (self.count * self.max_tokens)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
     def _batches(self) -> list[list[int]]:
         n = len(self.lengths)
         order = torch.randperm(n, generator=_epoch_generator(self.seed, self.epoch)) if self.shuffle else torch.arange(n)
@@ -188,9 +208,6 @@ class TokenBudgetBatchSampler(_SkippableBatches, Sampler[list[Key]]):
         starts[-1] = n
         batches = [order[a:b].tolist() for a, b in zip(starts, starts[1:])]
         return batches[self.rank::self.num_replicas]
-
-    def __iter__(self) -> Iterator[list[Key]]:
-        return self._keyed(self._batches(), self.epoch)
 
     def __len__(self) -> int:
         return self.count // self.num_replicas

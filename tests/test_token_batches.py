@@ -81,19 +81,27 @@ def test_a_budget_under_the_longest_instance_or_too_small_for_the_ranks_is_refus
                                   lambda: LengthBucketBatchSampler(LENGTHS, 8, bucket_factor=5, seed=3)],
                          ids=["token_budget", "length_buckets"])
 def test_a_run_resumed_mid_epoch_skips_exactly_the_batches_it_trained_on(make):
-    """``Preemption.on_train_start`` on a restarted fit after 3 batches of epoch 2: the loader's next pass is the
-    epoch's batches from the 4th, the one after is whole; its length stays the epoch's (Lightning counts on it)."""
+    """A fit restarted after 3 batches of epoch 2, in Lightning's order: the epoch's iterator is created first (its
+    ``setup_data``), then ``Preemption.on_train_start``, then Lightning sets the epoch (``_set_sampler_epoch``,
+    which reaches a loader's ``sampler`` and its batch sampler's ``sampler`` only) and the pass starts: it is the
+    epoch's batches from the 4th, the next pass is whole; the length stays the epoch's (Lightning counts on it)."""
+    from lightning_fabric.utilities.data import _set_sampler_epoch
+
     loader = epoch_loader(KeyedList(list(range(200))), batch_size=8, shuffle=True, seed=3, lengths=LENGTHS,
                           bucket_factor=5, batch_tokens=120 if isinstance(make(), TokenBudgetBatchSampler) else None)
     assert type(loader.batch_sampler) is type(make())
-    epoch = _indices(make(), 2)
-    loader.batch_sampler.set_epoch(2)
+    epoch, other = _indices(make(), 2), _indices(make(), 3)
+    assert epoch != other
+    first = iter(loader)
     progress = SimpleNamespace(current=SimpleNamespace(completed=3))
     trainer = SimpleNamespace(fit_loop=SimpleNamespace(restarting=True, epoch_loop=SimpleNamespace(batch_progress=progress)),
                               train_dataloader=loader, current_epoch=2)
     Preemption(dirpath=".").on_train_start(trainer, None)
-    assert [b.tolist() for b in loader] == epoch[3:] and len(loader) == len(epoch)
+    _set_sampler_epoch(loader, 2)
+    assert [b.tolist() for b in first] == epoch[3:] and len(loader) == len(epoch)
     assert [b.tolist() for b in loader] == epoch
+    _set_sampler_epoch(loader, 3)                                        # the next epoch: its own batches
+    assert loader.batch_sampler.epoch == 3 and [b.tolist() for b in loader] == other
 
 
 def test_an_instance_counts_the_tokens_its_encoder_pass_gets_joint_and_pairwise():
@@ -166,3 +174,41 @@ def test_a_token_budget_and_length_buckets_together_are_refused_naming_both_keys
         ProcedureDataModule(source=lambda: {}, batch_tokens=0)
     with pytest.raises(ValueError, match=r"^data.batch_tokens_count must be one of \['joint', 'pairwise'\], got 'x'$"):
         ProcedureDataModule(source=lambda: {}, batch_tokens=512, batch_tokens_count="x")
+
+
+@pytest.mark.slow  # an in-process fit and two launches of train.py: about 40 s on an idle 2-core machine
+def test_a_token_budget_run_stopped_mid_epoch_resumes_to_the_uninterrupted_runs_result(compose_train, tmp_path,
+                                                                                       cache_dir, caplog):
+    """SIGTERM after step 3 of an epoch of token-budget batches, the same command again: the same test metrics,
+    CSV rows and weights as the run never stopped (the resumed epoch skips exactly the 3 batches it trained on)."""
+    import logging
+    import os
+    import subprocess
+    import sys
+
+    from conftest import TINY_SYNTHETIC
+    from test_resume import ROOT, TESTS, TINY, _csv_rows, _signal_at
+
+    import train
+    from seqaware import runs
+    from seqaware.io import read_test_metrics
+
+    budget = ["data.batch_tokens=250", "data.batch_tokens_count=joint"]
+    caplog.set_level(logging.INFO, logger="data_modules.datamodule")
+    train.run(compose_train(*TINY, *budget, f"paths.output_dir={tmp_path / 'straight'}"))
+    assert "data.batch_tokens=250 (joint tokens): 6 batches an epoch (6 per process)" in caplog.text
+    base = [sys.executable, str(ROOT / "train.py"), *TINY, *budget, f"paths.cache_dir={cache_dir}",
+            f"paths.log_dir={tmp_path / 'logs'}", "callbacks.progress_bar.refresh_rate=0", "run_name=cut",
+            *[f"data.source.{k}={v}" for k, v in TINY_SYNTHETIC.items()], *_signal_at(3, tmp_path / "signalled")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.run(base, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert first.returncode == 128 + 15, first.stderr[-3000:]
+    second = subprocess.run(base, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    run_dir, straight = tmp_path / "logs" / "order_baseline" / "runs" / "cut", tmp_path / "straight"
+    assert "skipping the 3 batches of epoch 0 already trained on" in (run_dir / "train.log").read_text()
+    assert read_test_metrics(run_dir) == read_test_metrics(straight)
+    assert _csv_rows(run_dir / "csv" / "metrics.csv") == _csv_rows(straight / "csv" / "metrics.csv")
+    a, b = (torch.load(runs.read_state(d)["tested_checkpoint"], weights_only=True) for d in (run_dir, straight))
+    for key, value in b["state_dict"].items():
+        torch.testing.assert_close(a["state_dict"][key], value, rtol=0, atol=0, msg=key)
