@@ -19,7 +19,8 @@ tested.  The rows:
     BERSON's head with one of its points set back to ours (``decoders.berson.VARIANTS``), joint encoding.
 ``recipe/paper``, ``recipe/roc_base``
     the whole recipes: ``hparams=berson_roc_paper`` (BERSON's release: head, batch 4, lr 2e-5, 2 epochs) and
-    ``hparams=roc_base`` (ours for MPNet-base); their budget is their own unless ``--steps`` is given.
+    ``hparams=roc_base_b16`` (ours for MPNet-base in batches of 16: the recipe these rows measured before
+    ``hparams=roc_base`` took token-budget batches); their budget is their own unless ``--steps`` is given.
 
 Budget: ``--steps`` optimizer steps of ``--batch-size`` stories for every row (the same stories seen; a
 recipe with other batches gets the same number of stories: ``steps * batch_size / its batch``), validation
@@ -64,7 +65,7 @@ def rows() -> dict[str, tuple[tuple[str, ...], int]]:
         back = [f"model.decoder.{switch}={str(VARIANTS['ours'][switch]).lower()}"]
         out[f"paper-{switch}/joint"] = ((*RECIPE, "model.decoder.variant=paper", "model.pair_encoding=joint", *back), 16)
     out["recipe/paper"] = (("hparams=berson_roc_paper",), 4)
-    out["recipe/roc_base"] = (("hparams=roc_base",), 16)
+    out["recipe/roc_base"] = (("hparams=roc_base_b16",), 16)
     return out
 
 

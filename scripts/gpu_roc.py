@@ -18,7 +18,7 @@ files (each checked against its SHA-256), then trains and tests the rows of scri
 :func:`berson_heads.run`, its table) with ``backbones.text=backbones.tokenizer=<the unpacked folder>`` and
 ``paths.shared_data_dir=<the unpacked data>``, so no MPNet package and no ``../shared`` is needed there:
 
-``recipe/roc_base``   ``hparams=roc_base trainer=gpu``: ours, MPNet-base, joint encoding, dev + train_extra;
+``recipe/roc_base``   ``hparams=roc_base_b16 trainer=gpu``: ours, MPNet-base, joint encoding, dev + train_extra, 16 a batch;
 ``recipe/paper``      ``hparams=berson_roc_paper backbones=base trainer=gpu 'data.extra_train_paths=[...]'``:
                       BERSON's head and recipe as released, pairwise encoding (``-- model.pair_encoding=joint``).
 
@@ -450,7 +450,7 @@ def timing_overrides(model: Path, data_root: Path, trainer: str, clock: Path, wa
                      variant: str, extra: Sequence[str]) -> list[str]:
     """``train.py`` overrides of one ``time-steps`` run: ``recipe/roc_base`` on dev.tsv's training slice, no
     validation and no test, :class:`seqaware.callbacks.StepClock` over ``steps`` steps after ``warmup``."""
-    return ["experiment=berson_roc", "hparams=roc_base", f"trainer={trainer}", f"backbones.text={model}",
+    return ["experiment=berson_roc", "hparams=roc_base_b16", f"trainer={trainer}", f"backbones.text={model}",
             f"backbones.tokenizer={model}", f"paths.shared_data_dir={data_root}", "data.extra_train_paths=[]",
             f"trainer.max_steps={warmup + steps}", "trainer.max_epochs=-1", "trainer.limit_val_batches=0",
             "trainer.num_sanity_val_steps=0", "test=false", "callbacks.progress_bar.refresh_rate=0",

@@ -121,8 +121,11 @@ PRESETS = {
     "mateo": ("teo_lora_internvl", "teo_lora_modalities"),
     "mateo_fast": ("teo_lora_internvl", "teo_lora_modalities"),
     "roc_joint": ("berson_roc",),
+    "roc_joint_large": ("berson_roc",),
     "roc_base": ("berson_roc",),
+    "roc_base_b16": ("berson_roc",),
     "berson_roc_paper": ("berson_roc",),
+    "berson_roc_paper_large": ("berson_roc",),
     "catbench_base": ("teo_plan_head_catbench",),
     "catbench_finetune": ("teo_plan_head_catbench",),
 }
@@ -133,6 +136,7 @@ PRESET_EXTRA = {"wu2022": ["data.collator.image_size=128"],
                 # MiniLM's real weights under the name of the closure head's extra feature set
                 # (test_base_presets_with_the_real_mpnet runs them on the real weights where installed)
                 "roc_base": [f"model.encoder.config={TINY_MPNET}", "backbones.tokenizer=offline:minilm"],
+                "roc_base_b16": [f"model.encoder.config={TINY_MPNET}", "backbones.tokenizer=offline:minilm"],
                 "catbench_base": ["model.extra_features.mpnet=offline:minilm", "data.rfg_path=null"],
                 # (catbench_finetune fine-tunes MPNet-base at every step: 50 s a step on 2 CPU cores, so the real
                 # weights are not run here; catbench_base's test loads them)

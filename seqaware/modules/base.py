@@ -17,6 +17,7 @@ from pytorch_lightning.utilities import GradClipAlgorithmType
 from torch import nn
 
 from seqaware.config import to_plain
+from seqaware.lr_scaling import scale_learning_rates
 from seqaware.master_weights import HALF_DTYPES, MasterWeights
 from seqaware.modules.finite import FiniteGuard
 from seqaware.metrics.torch_metrics import OrderingMetrics
@@ -98,7 +99,8 @@ class SeqawareModule(FiniteGuard, pl.LightningModule):
     ``optimizer`` is a config with ``_target_`` (e.g. ``torch.optim.AdamW``) and its arguments;
     ``scheduler`` is optional: ``{_target_: ..., interval: step|epoch, ...}``; a transformers schedule
     that takes ``num_training_steps`` gets the run's optimizer steps, and ``warmup_ratio: r`` sets its
-    ``num_warmup_steps`` to ``ceil(r * steps)``.
+    ``num_warmup_steps`` to ``ceil(r * steps)``.  ``lr_scaling`` (a module that saves it among its
+    hyper-parameters): every learning rate for the fit's batch, :mod:`seqaware.lr_scaling`.
 
     Train mode.  ``from_pretrained`` returns modules in eval mode and Lightning (>= 2.2) keeps the
     modes it finds, so a fine-tuned pretrained encoder would train with every Dropout off.  At
@@ -234,6 +236,8 @@ class SeqawareModule(FiniteGuard, pl.LightningModule):
         opt_cfg = dict(self.hparams.optimizer)
         # parameter groups hold tensors: call the class directly rather than through instantiate()
         groups = self.param_groups()
+        # model.lr_scaling: every lr for this fit's instances per step against the recipe's (seqaware/lr_scaling.py)
+        scale_learning_rates(self.hparams.get("lr_scaling"), self.trainer, opt_cfg, groups)
         self.master_weights = None
         if self._half_precision() and any(p.dtype in HALF_DTYPES for g in groups for p in g["params"]):
             self.master_weights, groups = MasterWeights.for_param_groups(groups, self._master_sources)
@@ -260,6 +264,8 @@ class SeqawareModule(FiniteGuard, pl.LightningModule):
         if needs_length:  # transformers' decaying schedules: decay over the whole run
             sched_cfg["num_training_steps"] = int(total)
         if warmup_ratio is not None:  # warm-up as a fraction of the run (any max_steps), not a step count
+            if "num_warmup_steps" in sched_cfg and sched_cfg["num_warmup_steps"] is None:
+                del sched_cfg["num_warmup_steps"]   # a preset's num_warmup_steps: null gives way to the ratio
             if "num_warmup_steps" not in params or "num_warmup_steps" in sched_cfg:
                 raise ValueError(f"model.scheduler.warmup_ratio needs a warm-up schedule without num_warmup_steps "
                                  f"(e.g. transformers.get_linear_schedule_with_warmup), got {dict(sched_cfg)}")

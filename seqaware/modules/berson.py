@@ -48,6 +48,7 @@ from decoders.berson import BersonDecoder, BersonState, pair_index, take_steps
 from seqaware.encoders.base import SequenceEncoder, pack_steps, pair_segment_ids, step_visual_features
 from seqaware.encoders.packing import check_packable
 from seqaware.encoders.steps import SEGMENTS, PairStates, encode_steps, position_limit
+from seqaware.lr_scaling import check_scaling
 from seqaware.modules.base import OrderingEvalMixin, SeqawareModule, as_container, global_share
 from seqaware.modules.sequencing import pairwise_targets, reference_targets
 
@@ -99,6 +100,9 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             alike (:mod:`seqaware.encoders.packing`: padding never reaches a linear layer; attention per sequence;
             BERT / MiniLM, RoBERTa, MPNet); ``false`` (default) the padded batch.  The same logits and gradients
             within float rounding, no parameters of its own: checkpoints load either way.
+        lr_scaling: ``{rule: sqrt|linear, reference_batch: N}``: every learning rate for the fit's instances per
+            optimizer step against the recipe's N (:mod:`seqaware.lr_scaling`: a token-budget batch,
+            ``data.batch_tokens``, holds a varying number of stories); None (default): the rates as given.
 
     Frozen parts (eval mode while the rest trains, see :class:`~seqaware.modules.base.SeqawareModule`):
     the visual backbone's BatchNorm layers (``freeze_bn``, the default) and the whole visual backbone
@@ -112,9 +116,10 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                  multi_reference_targets: bool = False, pair_encoding: str = "pairwise", joint_max_tokens: int = 512,
                  pair_dropout: float = 0.1, test_views: int = 1,
                  joint_segments: str = "none", compile: bool | dict = False, new_layers_lr: str | float = "encoder",
-                 packed: bool = False):
+                 packed: bool = False, lr_scaling: Optional[dict] = None):
         super().__init__()
         fitting_decoder(decoding, PROVIDES, "model.decoding")
+        lr_scaling = check_scaling(as_container(lr_scaling))
         if pair_encoding not in PAIR_ENCODINGS:
             raise ValueError(f"model.pair_encoding must be one of {list(PAIR_ENCODINGS)}, got {pair_encoding!r}")
         if int(test_views) < 1 or (int(test_views) > 1 and pair_encoding != "joint"):
@@ -137,7 +142,7 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
                                    "pair_encoding": pair_encoding, "joint_max_tokens": joint_max_tokens,
                                    "pair_dropout": pair_dropout, "test_views": test_views,
                                    "joint_segments": joint_segments, "compile": as_container(compile),
-                                   "new_layers_lr": new_layers_lr, "packed": bool(packed)})
+                                   "new_layers_lr": new_layers_lr, "packed": bool(packed), "lr_scaling": lr_scaling})
         # configs/encoder/*.yaml: create_encoder(name, ckpt=..., ...) also loads a pretraining run's weights
         self.encoder: SequenceEncoder = instantiate(self.hparams.encoder)
         if joint_segments != "none" and (pair_encoding != "joint" or self.encoder.uses_images):
