@@ -521,7 +521,8 @@ class StepClock(pl.Callback):
     ``model.compile``) and stops after ``warmup_steps + steps`` batches; on a GPU both ends synchronise the
     device, so the figure is the steps' whole time, host and device.  ``path`` receives (atomically) one JSON
     object: ``warmup_s`` (from the start of training to the clock's start), ``steps``, ``seconds`` and
-    ``s_per_step``; the same figures are logged.  A fit that ends before the clock stops writes nothing."""
+    ``s_per_step``; the same figures are logged.  A fit that ends before the clock stops writes nothing.  The first
+    validation after the clock stopped is timed too (``val_batches``, ``val_s``: an evaluation pace for forecasts)."""
 
     def __init__(self, path: str, warmup_steps: int = 50, steps: int = 200):
         if warmup_steps < 0 or steps < 1:
@@ -529,6 +530,7 @@ class StepClock(pl.Callback):
         self.path, self.warmup_steps, self.steps = Path(path), int(warmup_steps), int(steps)
         self._train_start: float | None = None
         self._start: float | None = None
+        self._val_start: float | None = None
         self.figures: dict | None = None
 
     @staticmethod
@@ -555,9 +557,23 @@ class StepClock(pl.Callback):
                             "s_per_step": round(seconds / self.steps, 5)}
             log.info("step clock: %d steps after %d warm-up steps (%.1f s): %.4f s a step", self.steps,
                      self.warmup_steps, self.figures["warmup_s"], self.figures["s_per_step"])
-            if trainer.is_global_zero:
-                with atomic_open(self.path, "w") as handle:
-                    json.dump(self.figures, handle)
+            self._write(trainer)
+
+    def _write(self, trainer: pl.Trainer) -> None:
+        if trainer.is_global_zero:
+            with atomic_open(self.path, "w") as handle:
+                json.dump(self.figures, handle)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.figures is not None and "val_s" not in self.figures and not trainer.sanity_checking:
+            self._val_start = self._now(pl_module)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._val_start is not None:
+            self.figures.update(val_batches=int(sum(trainer.num_val_batches)),
+                                val_s=round(self._now(pl_module) - self._val_start, 3))
+            self._val_start = None
+            self._write(trainer)
 
 
 class NonFiniteLoss(pl.Callback):

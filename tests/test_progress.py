@@ -282,3 +282,30 @@ def test_step_clock_times_the_steps_after_the_warm_up_and_writes_its_figures(mon
     assert short.figures is None and not (tmp_path / "short.json").exists()
     with pytest.raises(ValueError, match=r"^StepClock needs warmup_steps >= 0 and steps >= 1, got 2 and 0$"):
         StepClock(str(tmp_path / "x.json"), warmup_steps=2, steps=0)
+
+
+class _TimedValidation(_TenSecondSteps):
+    """_TenSecondSteps with a validation whose batches take 3 s each on the fake clock."""
+
+    def validation_step(self, batch, batch_idx):
+        self.clock.now += 3.0
+
+
+def test_step_clock_times_the_first_validation_after_the_timed_steps(monkeypatch, tmp_path):
+    """The validation after step 5 (2 warm-up + 3 timed steps; val_check_interval 5): 4 batches of 3 s, in the figures
+    and the file (scripts/roc_table.py forecasts evaluations at this pace); the sanity check is not timed."""
+    import json
+
+    from seqaware.callbacks import StepClock
+
+    fake = FakeClock()
+    monkeypatch.setattr("seqaware.callbacks.time.perf_counter", fake)
+    clock = StepClock(str(tmp_path / "clock.json"), warmup_steps=2, steps=3)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1000, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[clock],
+                         val_check_interval=5, limit_val_batches=4, num_sanity_val_steps=2)
+    data = DataLoader(TensorDataset(torch.zeros(20, 2)), batch_size=1)
+    trainer.fit(_TimedValidation(fake), data, DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=1))
+    figures = {"warmup_steps": 2, "warmup_s": 20.0, "steps": 3, "seconds": 30.0, "s_per_step": 10.0,
+               "val_batches": 4, "val_s": 12.0}
+    assert clock.figures == figures and json.loads((tmp_path / "clock.json").read_text()) == figures
