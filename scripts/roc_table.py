@@ -305,6 +305,13 @@ def plan(seeds: Sequence[int], paper_seeds: Sequence[int], rows: Sequence[str]) 
     return [(row, seed) for seed in sorted({*seeds, *paper_seeds}) for row in rows if seed in wanted[row]]
 
 
+def same_timing(a: Sequence[str], b: Sequence[str]) -> bool:
+    """Whether two timing runs' overrides time the same thing (where they wrote it aside: another ``--out``)."""
+    def key(overrides: Sequence[str]) -> list[str]:
+        return [o for o in overrides if not o.startswith(("paths.log_dir=", "+callbacks.step_clock.path="))]
+    return key(a) == key(b)
+
+
 def time_rows(args: argparse.Namespace, rows: Sequence[str], extra: list[str], machine: str) -> tuple[dict, float]:
     """Each row's timing: reused from ``OUT/step_times.json`` (or ``--step-times``) when made with the same overrides on
     this machine, else measured now.  Returns the timings and the seconds spent measuring."""
@@ -317,7 +324,7 @@ def time_rows(args: argparse.Namespace, rows: Sequence[str], extra: list[str], m
         overrides = timing_overrides(row, args.trainer, args.out, args.warmup_steps, args.timed_steps,
                                      args.val_batches, extra)
         entry = known.get(row)
-        if entry and entry.get("overrides") == overrides and entry.get("machine") == machine:
+        if entry and same_timing(entry.get("overrides") or [], overrides) and entry.get("machine") == machine:
             print(f"{row}: step times reused ({entry['s_per_step']:.4f} s a step on {machine})", flush=True)
             timings[row] = entry
             continue

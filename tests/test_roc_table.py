@@ -85,8 +85,9 @@ def _fake_timings(out: Path, trainer: str, extra: list[str]) -> Path:
 
 def test_a_forecast_over_the_budget_runs_nothing_and_says_so(tmp_path, capsys):
     out = tmp_path / "out"
-    _fake_timings(out, "cpu", [])
-    code = roc_table.main(["--seeds", "0", "1", "--trainer", "cpu", "--out", str(out), "--budget-s", "300"])
+    timings = _fake_timings(tmp_path / "elsewhere", "cpu", [])              # another command's (--step-times)
+    code = roc_table.main(["--seeds", "0", "1", "--trainer", "cpu", "--out", str(out), "--budget-s", "300",
+                           "--step-times", str(timings)])
     assert code == 2
     printed = capsys.readouterr()
     # roc_base 215.8 s a run, BERSON's 2 epochs of 267 steps: 20 + 10 + 529 x 0.1 + (4 x 16 + 31) x 0.5 = 130.4 s
