@@ -110,8 +110,9 @@ def test_table_gives_mean_std_every_seed_and_the_seed_matched_gap():
     # seed-matched gaps 6 and 10: mean 8, sd 2.83, t(0.975, 1) = 12.706 -> 8 +- 25.41
     assert ("| 8 | Y | 63.00 ± 9.90 | 56.00, 70.00 | 85.00 | 0.650 | +8.00 ± 2.83 (95% CI [-17.41, +33.41]; "
             "Y > N on 2 of 2 seeds) |") in text
-    assert "one = 0.33 PMR points" in text and "CPU time of the curve: 10 min (4 fine-tuning runs + the pretraining)" in text
-    assert "seeds 1, 2 (fewer than 5)" in text and "Pretraining (Y): `experiment=clipvil_pretrain` (60 s)." in text
+    assert "one = 0.33 PMR points" in text and "CPU time of the curve: 10 min (4 fine-tuning runs + the pretrainings)" in text
+    assert "seeds 1, 2 (fewer than 5)" in text
+    assert "Pretraining (Y), one run per seed S: `experiment=clipvil_pretrain` (60 s in all)." in text
 
 
 def test_a_curve_without_y_reports_no_pretraining_and_writes_pages_only_when_asked(monkeypatch, tmp_path, capsys):
@@ -137,12 +138,47 @@ def test_a_curve_without_y_reports_no_pretraining_and_writes_pages_only_when_ask
     assert sorted(p.name for p in (tmp_path / "pages").iterdir()) == ["hard.md", "hard.png"]
 
 
+def test_each_seed_pretrains_its_own_encoder_and_its_y_fine_tunes_from_it(monkeypatch, tmp_path, capsys):
+    """A pretraining is a draw of its own: seed S pretrains with seed=S, and Y of seed S loads that encoder."""
+    calls = []
+
+    def fake_train(overrides, run_dir, log_name):
+        calls.append((log_name, run_dir, overrides))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if log_name == "pretrain.log":
+            (run_dir / "encoder.pt").write_bytes(b"")
+            (run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
+        else:
+            (run_dir / "test_metrics.json").write_text(json.dumps({"test/pmr": 0.5, "test/acc": 0.6, "test/tau": 0.1}))
+
+    monkeypatch.setattr(le, "_train", fake_train)
+    monkeypatch.setattr(le, "check_no_leak", lambda pre, ft: 3)
+    monkeypatch.setattr(le, "machine", lambda: "cpu")
+    out = tmp_path / "o"
+    assert le.main(["--world", "hard", "--ks", "8", "32", "--seeds", "1", "2", "--out", str(out)]) == 0
+    pre = out / "hard" / "pretrain-mlm_sop_smrm"
+    assert [(log, run.relative_to(out).as_posix()) for log, run, _ in calls] == [
+        ("pretrain.log", "hard/pretrain-mlm_sop_smrm/seed1"), ("N.log", "hard/k8/seed1/N"), ("Y.log", "hard/k8/seed1/Y"),
+        ("N.log", "hard/k32/seed1/N"), ("Y.log", "hard/k32/seed1/Y"),
+        ("pretrain.log", "hard/pretrain-mlm_sop_smrm/seed2"), ("N.log", "hard/k8/seed2/N"), ("Y.log", "hard/k8/seed2/Y"),
+        ("N.log", "hard/k32/seed2/N"), ("Y.log", "hard/k32/seed2/Y")]
+    for log, run, overrides in calls:
+        seed = run.parts[-2] if log != "pretrain.log" else run.name
+        if log == "pretrain.log":
+            assert f"seed={seed[4:]}" in overrides
+        if log == "Y.log":
+            assert overrides[-1] == f"model.encoder.ckpt={pre / seed / 'encoder.pt'}"
+    assert "Pretraining (Y), one run per seed S: `experiment=clipvil_pretrain" in capsys.readouterr().out
+
+
 def test_worlds_use_the_same_budget_for_n_and_y_and_keep_the_test_split_out_of_pretraining():
     for name, world in le.WORLDS.items():
         pre = le.pretrain_overrides(world, world.objectives, 10, 2, [])
         assert "test=false" in pre and not any(o.startswith("data.train_subset") for o in pre), name
         ft = le.finetune_overrides(world, 8, 1, 40, 4, [])
         assert "data.train_subset=8" in ft and "trainer.limit_val_batches=0" in ft and "trainer.max_steps=40" in ft
+    assert "seed=S" in le.pretrain_overrides(world, world.objectives, 10, 2, [])          # as a page prints it
+    assert "seed=3" in le.pretrain_overrides(world, world.objectives, 10, 2, [], 3)
     roc = le.pretrain_overrides(le.WORLDS["roc"], "[mlm,sop]", 10, 2, [])
     assert "data.train_path=${paths.shared_data_dir}/roc/train_extra.tsv" in roc
     assert not any("dev.tsv" in o for o in roc)
@@ -171,9 +207,9 @@ def test_the_whole_protocol_at_toy_size_then_resumes_without_training(tmp_path, 
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert (out / "hard" / "pretrain-mlm_sop_smrm" / "encoder.pt").is_file()
+    assert (out / "hard" / "pretrain-mlm_sop_smrm" / "seed1" / "encoder.pt").is_file()
     assert len(RUN_LINE.findall(first.stdout)) == 5  # the pretraining and 4 fine-tunings ran
-    assert "no test procedure of hard is in the pretraining pool (6 checked)" in first.stdout
+    assert "no test procedure of hard is in the pool of pretraining seed 1 (6 checked)" in first.stdout
     line = [x for x in first.stdout.splitlines() if x.startswith(le.MARKER)][-1]
     summary = json.loads(line[len(le.MARKER):])
     assert set(summary["points"]) == {"2/N", "2/Y", "4/N", "4/Y"} and summary["cpu_s"] > 0
