@@ -471,3 +471,18 @@ def test_module_trains_on_multi_reference_targets_with_finite_gradients():
         multi, authored = module._losses(batch)[0], other._losses(batch)[0]
     assert float(multi["pointer_loss"]) < float(authored["pointer_loss"])
     assert module.hparams.multi_reference_targets is True
+
+
+def test_every_validation_metric_berson_logs_is_one_a_checkpoint_can_monitor():
+    """The monitor check (seqaware/monitor.py) accepts only what ``validation_metrics()`` lists: BERSON's losses
+    (``val/pointer_loss``, ``val/pair_loss``, ``val/pair_acc``) must be among them, or monitoring one is refused."""
+    import pytorch_lightning as pl
+
+    module = _module("text")
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    loader = torch.utils.data.DataLoader([_batch("text")], batch_size=None)
+    trainer.validate(module, dataloaders=loader, verbose=False)
+    logged = {k for k in trainer.callback_metrics if k.startswith("val/")}
+    assert {"val/pointer_loss", "val/pair_loss", "val/pair_acc", "val/loss", "val/pmr"} <= logged
+    assert logged <= set(module.validation_metrics())

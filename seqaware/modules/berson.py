@@ -110,6 +110,8 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
     BERSON network trains).
     """
 
+    eval_losses = ("pointer_loss", "pair_loss", "pair_acc", "loss")   # val/<name>: sums over the split / counts
+
     def __init__(self, encoder: dict, optimizer: dict, decoder: Optional[dict] = None, scheduler: Optional[dict] = None,
                  decoding: str = "beam", beam_size: int = 16, pair_chunk: int = 128, checkpoint_chunks: bool = False,
                  head_lr: Optional[float] = None, reference_selection: str = "joint",
