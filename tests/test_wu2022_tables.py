@@ -1,4 +1,4 @@
-"""scripts/wu2022_tables.py: the paper-layout summary (hand-computed) and a tiny end-to-end run that
+"""scripts/studies/wu2022_tables.py: the paper-layout summary (hand-computed) and a tiny end-to-end run that
 resumes by reusing finished runs."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("wu2022_tables", ROOT / "scripts" / "wu2022_tables.py")
+spec = importlib.util.spec_from_file_location("wu2022_tables", ROOT / "scripts" / "studies" / "wu2022_tables.py")
 tables = importlib.util.module_from_spec(spec)
 sys.modules["wu2022_tables"] = tables  # its dataclasses look their module up there
 spec.loader.exec_module(tables)
@@ -112,16 +112,18 @@ def test_text_rows_pretrain_the_encoder_their_fine_tuning_loads(tmp_path, monkey
             encoders.append(OmegaConf.to_container(cfg.model.encoder, resolve=True))
     pre, ft, roc_pre, roc_ft = encoders
     for a, b in ((pre, ft), (roc_pre, roc_ft)):
-        same = {k for k in set(a) | set(b) if k not in ("step_init_std", "visual")}  # init / trainability only
+        # init / trainability, and what fine-tuning keeps of the layers pretraining added (ckpt_new_layers)
+        same = {k for k in set(a) | set(b) if k not in ("step_init_std", "visual", "ckpt_new_layers")}
         assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}
     assert ft["modality"] == "text" and ft["step_embedding"] is True and roc_ft["name"] == "text"
+    assert (pre["ckpt_new_layers"], ft["ckpt_new_layers"]) == ("keep", "order")   # a fresh step embedding
     assert calls[0][1][0] == "experiment=clipvil_pretrain" and calls[2][1][0] == "experiment=roberta_pretrain"
 
 
 @pytest.mark.slow  # four tiny train.py runs (two rows of two stages): about 40 s on 2 cores
 def test_tiny_tables_run_then_resume_without_training(tmp_path, cache_dir):
     out = tmp_path / "tables"
-    cmd = [sys.executable, str(ROOT / "scripts" / "wu2022_tables.py"), "--seeds", "1", "--out", str(out), "--jobs", "2",
+    cmd = [sys.executable, str(ROOT / "scripts" / "studies" / "wu2022_tables.py"), "--seeds", "1", "--out", str(out), "--jobs", "2",
            "--rows", "clipvil/Y", "text/Y", "--", f"paths.cache_dir={cache_dir}", *TINY]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
