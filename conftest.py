@@ -113,7 +113,7 @@ def tiny_synthetic_dir(cache_dir) -> Path:
 
 def tiny_overrides(output_dir: Path, cache_dir: Path) -> list[str]:
     """Overrides that make any experiment tiny and fast on CPU (``SEQAWARE_TEST_ACCELERATOR=gpu``: on one GPU,
-    what ``scripts/gpu_check.py`` runs the fast-dev-run matrix with)."""
+    what ``scripts/bench/gpu_check.py`` runs the fast-dev-run matrix with)."""
     accelerator = os.environ.get("SEQAWARE_TEST_ACCELERATOR", "cpu")
     return [f"paths.output_dir={output_dir}", f"paths.cache_dir={cache_dir}", f"trainer.accelerator={accelerator}",
             "trainer.devices=1", "data.num_workers=0", "logger=csv", "callbacks.progress_bar.refresh_rate=0"]

@@ -118,7 +118,7 @@ class StepCollator:
             ``image_mask`` False and counts it in :attr:`missing_images` (logged).
         max_boxes: object boxes per step to return (0: none); with ``region_features``, R, the
             detector regions kept per image (highest scores first).
-        region_features: folder written by ``scripts/extract_features.py --out``: attach every
+        region_features: folder written by ``scripts/tools/extract_features.py --out``: attach every
             usable step image's cached features (:class:`~seqaware.encoders.regions.RegionFeatureCache`)
             as ``visual_feats`` / ``patch_mask`` (for encoders without a visual backbone,
             ``encoder@model.encoder=visualbert_detector``).  Images are still opened, so the

@@ -68,7 +68,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         reshuffle_train: sequencing: a new permutation of each training procedure's steps every epoch
             (default); False: one per procedure, drawn once from ``(seed, id)`` and kept for every epoch
             (BERSON's release shuffles each story once when it builds its features).
-        train_subset: keep ``k`` training procedures (label-efficiency runs, ``scripts/label_efficiency.py``):
+        train_subset: keep ``k`` training procedures (label-efficiency runs, ``scripts/studies/label_efficiency.py``):
             the first ``k`` of one permutation of the training split drawn from ``seed``, in their file
             order, so the subsets of one seed are nested (k = 8 lies inside k = 32). None: all of them.
     """

@@ -32,7 +32,7 @@ SPLITS = ("train", "val", "test")
 
 def jsonl_source(train_path: str | None = None, val_path: str | None = None, test_path: str | None = None,
                  check_images: bool = True, check_splits: bool = True) -> dict[str, list[Procedure]]:
-    """Procedures from prepared JSONL files (``scripts/prepare_data.py`` output), validated on read.
+    """Procedures from prepared JSONL files (``scripts/tools/prepare_data.py`` output), validated on read.
 
     Every problem of every file is reported at once as ``file:line: record id: field: reason``:
     a missing file or an empty one (``data.<split>_path`` named), records whose ``split`` is not

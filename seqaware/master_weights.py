@@ -20,7 +20,7 @@ Micikevicius et al. 2018, without loss scaling, which bfloat16's range does not 
 :class:`~seqaware.modules.base.SeqawareModule` does this for every module when the trainer's precision
 plugin is Lightning's ``HalfPrecision``, and writes the masters (not the rounded weights) into its
 checkpoints, so a resumed run continues exactly and a checkpoint's weights are float32 whatever the
-precision it was trained in. ``scripts/bench_pretrain.py --precision bf16-true`` uses the same class.
+precision it was trained in. ``scripts/bench/bench_pretrain.py --precision bf16-true`` uses the same class.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@
   :func:`gpu_peak_flops`, a table of dense bf16 peaks keyed by the GPU's name).
 * **Machines** (:func:`machine`): the CPU model and cores, or the GPU, that a timing or a forecast names.
 * **Profiles** (:func:`profile_figures`): the top operators of a few profiled steps (the benchmark scripts'
-  ``--profile N``; ``scripts/gpu_check.py`` writes them into its report).
+  ``--profile N``; ``scripts/bench/gpu_check.py`` writes them into its report).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A prediction record is what ``train.py`` writes to ``predictions_test.jsonl``: ``id``, ``category``
 (a category path), ``pred`` and ``references``.  Used by :class:`seqaware.callbacks.CategoryReport`
-at the end of testing and by ``scripts/compare_categories.py`` (text-only vs multimodal charts).  The columns
+at the end of testing and by ``scripts/tools/compare_categories.py`` (text-only vs multimodal charts).  The columns
 are the sequencing metrics (:data:`seqaware.metrics.ordering.SEQUENCING_METRICS`, :func:`columns`).
 """
 from __future__ import annotations

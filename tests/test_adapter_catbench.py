@@ -1,5 +1,5 @@
 """CaT-Bench questions (``catbench`` adapter and :func:`read_catbench`, the TEO heads' and
-``scripts/catbench_eval.py``'s reader): the exact ``file:line: plan P question Q: field: reason`` line of
+``scripts/tools/catbench_eval.py``'s reader): the exact ``file:line: plan P question Q: field: reason`` line of
 every bad question, every bad line of a file reported in one pass, and the question ids (``pair_id``)
 that answers files are matched by and that tell the twin questions of a step pair apart.
 Plans, pairs and the sample file are in tests/test_adapters.py, tests/test_adapter_contracts.py,

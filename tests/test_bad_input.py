@@ -59,7 +59,7 @@ def problems_of(err) -> list[str]:
 
 
 def validate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "validate_procedures.py"), *args],
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / "validate_procedures.py"), *args],
                           capture_output=True, text=True, timeout=120)
 
 

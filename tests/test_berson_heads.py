@@ -1,4 +1,4 @@
-"""scripts/berson_heads.py: rows, the shared budget, reuse of finished runs and the table (train.py faked)."""
+"""scripts/studies/berson_heads.py: rows, the shared budget, reuse of finished runs and the table (train.py faked)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from scripts import berson_heads
+from scripts.studies import berson_heads
 from seqaware.io import write_test_metrics
 
 

@@ -1,10 +1,10 @@
-"""scripts/encoder_drift.py: how far pretraining moved each part of an encoder."""
+"""scripts/studies/encoder_drift.py: how far pretraining moved each part of an encoder."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scripts import encoder_drift as drift
+from scripts.studies import encoder_drift as drift
 
 
 def test_parts_are_named_by_embedding_layer_and_tower():

@@ -526,8 +526,7 @@ def _two_image_procedures(tmp_path: Path) -> Path:
 
 
 def test_extract_features_caches_every_image_once_and_resumes(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import extract_features
+    from scripts.tools import extract_features
 
     procs = _two_image_procedures(tmp_path)
     out = tmp_path / "regions"

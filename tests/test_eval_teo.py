@@ -237,7 +237,7 @@ def test_evaluate_coherence_table1_layout(tmp_path):
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("eval_teo_script", ROOT / "scripts" / "eval_teo.py")
+    spec = importlib.util.spec_from_file_location("eval_teo_script", ROOT / "scripts" / "tools" / "eval_teo.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

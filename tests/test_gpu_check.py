@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py: the GPU checks and benchmarks as one command, kept alive on the CPU.
+"""scripts/bench/gpu_check.py: the GPU checks and benchmarks as one command, kept alive on the CPU.
 
 The GPU plan runs only in sessions that have a GPU; what can rot between them is caught here: every
 step names a script that exists and takes the options the plan passes (``--json`` included), the
@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import bench_data  # noqa: E402
-import gpu_check  # noqa: E402
+from scripts.bench import bench_data  # noqa: E402
+from scripts.bench import gpu_check  # noqa: E402
 
 
 def _script_steps():
@@ -58,13 +57,13 @@ def test_report_puts_each_figure_beside_its_baseline_of_the_same_run():
     info = {"date": "2026-11-26 12:00", "python": "3.11", "torch": "2.14.1", "cuda": "13.0", "cpu": "Test CPU",
             "cpu_cores": 2, "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 79.2, "driver": "570"}
     records = [
-        {"name": "bench_pretrain_paper", "kind": "bench", "what": "paper size", "command": "scripts/bench_pretrain.py",
+        {"name": "bench_pretrain_paper", "kind": "bench", "what": "paper size", "command": "scripts/bench/bench_pretrain.py",
          "seconds": 60.0, "ok": True, "figures": {"runs": [
              {"preset": "paper", "batch_size": 32, "bf16": True, "sdpa": True, "compile": False,
               "samples_per_s": 150.0, "mfu": 0.5, "peak_memory_gb": 40.0},
              {"preset": "paper", "batch_size": 4, "bf16": False, "sdpa": False, "compile": False,
               "samples_per_s": 15.0, "mfu": 0.06, "peak_memory_gb": 10.0}]}},
-        {"name": "bench_decode_pairs", "kind": "bench", "what": "BERSON", "command": "scripts/bench_decode.py",
+        {"name": "bench_decode_pairs", "kind": "bench", "what": "BERSON", "command": "scripts/bench/bench_decode.py",
          "seconds": 30.0, "ok": True, "figures": [
              {"modality": "text", "n": 5, "pair_encoding": "pairwise", "step_s": 0.8},
              {"modality": "text", "n": 5, "pair_encoding": "joint", "step_s": 0.1}]},
@@ -74,7 +73,7 @@ def test_report_puts_each_figure_beside_its_baseline_of_the_same_run():
          "figures": {"config": "8b", "batch_size": 8, "examples_per_s": 8.0, "peak_memory_gb": 35.0}},
         {"name": "ddp_1gpu", "kind": "check", "what": "ddp", "command": "train.py", "seconds": 5.0, "ok": False,
          "error": "gloo: Connection closed by peer"},
-        {"name": "bench_data", "kind": "bench", "what": "loader", "command": "scripts/bench_data.py", "seconds": 9.0,
+        {"name": "bench_data", "kind": "bench", "what": "loader", "command": "scripts/bench/bench_data.py", "seconds": 9.0,
          "ok": True, "figures": [
              {"experiment": "order_baseline", "loader_batches_per_s": 20.0, "train_steps_per_s": 4.0, "ratio": 5.0,
               "ratio_warm": 20.0, "run_epochs": 8, "ratio_run": bench_data.run_ratio(5.0, 20.0, 8)},
@@ -100,7 +99,7 @@ def test_cpu_subset_runs_end_to_end(tmp_path):
     """What CI runs of the GPU check: the CPU subset's benchmarks at toy sizes, one JSON and one markdown
     report (the fast-dev-run step is left out: the suite's matrix in tests/test_train.py runs it)."""
     steps = [s.name for s in gpu_check.plan(False) if s.kind == "bench"]
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--short", "--out", str(tmp_path), "--only", *steps],
+    proc = subprocess.run([sys.executable, "scripts/bench/gpu_check.py", "--short", "--out", str(tmp_path), "--only", *steps],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())

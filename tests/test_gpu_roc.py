@@ -1,4 +1,4 @@
-"""scripts/gpu_roc.py: the ROCStories rows with MPNet-base for the first GPU, run here at toy size.
+"""scripts/maintenance/gpu_roc.py: the ROCStories rows with MPNet-base for the first GPU, run here at toy size.
 
 What the GPU session runs is ``gpu_roc.py run`` over weights carried in parts (tests/test_weight_parts.py) and the
 ROC files carried gzipped; every piece of it is checked here: the data staging and its checks, the time plan, the
@@ -18,10 +18,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import gpu_roc  # noqa: E402
-from gpu_roc import StagingError, max_time, pack_data, plan_train_seconds, schedule, unpack_data  # noqa: E402
+from scripts.maintenance import gpu_roc  # noqa: E402
+from scripts.maintenance.gpu_roc import StagingError, max_time, pack_data, plan_train_seconds, schedule, unpack_data  # noqa: E402
 
 NAMES = ["anna", "ben", "carl", "dana", "eli", "fay", "gus", "hana", "ivan", "jill"]
 THINGS = ["bike", "cake", "dog", "kite", "lamp", "book", "coat", "drum", "vase", "boat"]
@@ -241,7 +240,7 @@ def test_fit_seconds_run_from_the_data_setup_to_the_test():
 ])
 def test_each_row_reads_the_unpacked_folder_and_data_and_keeps_its_recipe(compose_train, tmp_path, row, variant,
                                                                            encoding, extra):
-    from berson_heads import budget, rows
+    from scripts.studies.berson_heads import budget, rows
 
     overrides, batch = rows()[row]
     cfg = compose_train("experiment=berson_roc", *overrides, *budget(500, batch, batch, 400), tiny=False,
@@ -266,7 +265,7 @@ def test_the_whole_path_from_parts_to_the_table_on_a_tiny_random_mpnet(tmp_path)
     cut by ``trainer.max_time`` after its first step (``--train-seconds 0``): what a GPU slower than the estimate
     gets, a validation at the cut and the test of its checkpoint."""
     from test_weight_parts import tiny_mpnet_folder
-    from weight_parts import pack
+    from scripts.maintenance.weight_parts import pack
 
     manifest = pack(tiny_mpnet_folder(tmp_path / "src"), tmp_path / "parts", max_mib=0.8)
     calls = [tmp_path / f"call{i}" for i in range(3)]
@@ -276,7 +275,7 @@ def test_the_whole_path_from_parts_to_the_table_on_a_tiny_random_mpnet(tmp_path)
     (calls[0] / "manifest.json").write_bytes((tmp_path / "parts" / "manifest.json").read_bytes())
     pack_data(write_roc(tmp_path / "shared" / "roc"), calls[0] / "roc")
     work, report = tmp_path / "work", tmp_path / "report"
-    cmd = [sys.executable, "scripts/gpu_roc.py", "run", "--parts", *map(str, calls), "--data", str(calls[0] / "roc"),
+    cmd = [sys.executable, "scripts/maintenance/gpu_roc.py", "run", "--parts", *map(str, calls), "--data", str(calls[0] / "roc"),
            "--work", str(work), "--report", str(report), "--trainer", "cpu", "--seeds", "0", "--steps", "2",
            "--train-seconds", "60", "--budget", "900", "--val-stories", "3",
            "--", "data.eval_batch_size=3", "model.beam_size=2", "trainer.num_sanity_val_steps=0"]
@@ -314,7 +313,7 @@ def test_a_run_cut_by_max_time_is_validated_at_the_cut_and_its_checkpoint_tested
     Lightning's default 1 would train on to the epoch's end), the weights at the cut are validated and that
     checkpoint is tested.  Lightning's Timer reads a clock that advances 1 s per reading: 3 steps in 3 s."""
     import pytorch_lightning.callbacks.timer as timer_module
-    from berson_heads import budget, rows
+    from scripts.studies.berson_heads import budget, rows
     from test_weight_parts import tiny_mpnet_folder
 
     import train
@@ -342,7 +341,7 @@ def test_time_steps_times_a_variant_on_random_weights_from_part_0_and_writes_the
     architecture with random weights, the steps of ``recipe/roc_base`` timed by StepClock, the table, and the
     choice that ``run --step-choice`` reads."""
     from test_weight_parts import tiny_mpnet_folder
-    from weight_parts import pack
+    from scripts.maintenance.weight_parts import pack
 
     manifest = pack(tiny_mpnet_folder(tmp_path / "src"), tmp_path / "parts", max_mib=0.8)
     call = tmp_path / "call0"
@@ -351,7 +350,7 @@ def test_time_steps_times_a_variant_on_random_weights_from_part_0_and_writes_the
         (call / name).write_bytes((tmp_path / "parts" / name).read_bytes())
     pack_data(write_roc(tmp_path / "shared" / "roc"), call / "roc")
     work, report, choice = tmp_path / "work", tmp_path / "report", tmp_path / "choice.json"
-    cmd = [sys.executable, "scripts/gpu_roc.py", "time-steps", "--parts", str(call), "--data", str(call / "roc"),
+    cmd = [sys.executable, "scripts/maintenance/gpu_roc.py", "time-steps", "--parts", str(call), "--data", str(call / "roc"),
            "--work", str(work), "--report", str(report), "--choice", str(choice), "--trainer", "cpu",
            "--variants", "eager", "--warmup-steps", "1", "--timed-steps", "2", "--", "data.batch_size=4"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

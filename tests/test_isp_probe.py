@@ -1,4 +1,4 @@
-"""scripts/isp_probe.py: the order probe reads order from features that carry it and not from noise;
+"""scripts/studies/isp_probe.py: the order probe reads order from features that carry it and not from noise;
 the whole script runs on the synthetic default."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("isp_probe", ROOT / "scripts" / "isp_probe.py")
+spec = importlib.util.spec_from_file_location("isp_probe", ROOT / "scripts" / "studies" / "isp_probe.py")
 probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe)
 

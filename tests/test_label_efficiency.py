@@ -1,4 +1,4 @@
-"""scripts/label_efficiency.py (N and Y against the number of labelled procedures) and data.train_subset."""
+"""scripts/studies/label_efficiency.py (N and Y against the number of labelled procedures) and data.train_subset."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from data_modules.datamodule import ProcedureDataModule
-from scripts import label_efficiency as le
+from scripts.studies import label_efficiency as le
 from seqaware.procedure import Procedure, Step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_table_gives_mean_std_every_seed_and_the_seed_matched_gap():
                          2: {"test/pmr": 0.60, "test/acc": 0.8, "test/tau": 0.5}},
                    "Y": {1: {"test/pmr": 0.56, "test/acc": 0.8, "test/tau": 0.6},
                          2: {"test/pmr": 0.70, "test/acc": 0.9, "test/tau": 0.7}}}}
-    info = {"command": "python scripts/label_efficiency.py --world hard", "date": "2026-11-28", "machine": "cpu, 2 cores",
+    info = {"command": "python scripts/studies/label_efficiency.py --world hard", "date": "2026-11-28", "machine": "cpu, 2 cores",
             "pretrain": ["experiment=clipvil_pretrain"], "pretrain_s": 60.0, "steps": 100, "batch_size": 4,
             "seeds": [1, 2], "test_n": 300, "runs": 4, "total_s": 600.0}
     text = le.markdown("hard", le.WORLDS["hard"], results, info)
@@ -198,7 +198,7 @@ RUN_LINE = re.compile(r"^  \S+: \d+ s$", re.M)
 @pytest.mark.slow  # a tiny pretraining and four tiny fine-tunings: about 60 s on 2 cores
 def test_the_whole_protocol_at_toy_size_then_resumes_without_training(tmp_path, cache_dir):
     out, results = tmp_path / "runs", tmp_path / "results"
-    cmd = [sys.executable, str(ROOT / "scripts" / "label_efficiency.py"), "--world", "hard", "--ks", "2", "4",
+    cmd = [sys.executable, str(ROOT / "scripts" / "studies" / "label_efficiency.py"), "--world", "hard", "--ks", "2", "4",
            "--seeds", "1", "--steps", "2", "--batch-size", "2", "--pretrain-steps", "2", "--pretrain-batch-size", "2",
            "--objectives", "[mlm,sop,smrm]", "--out", str(out), "--results", str(results),
            # 96 px: a 3 x 3 grid, so SMRM's < 50% overlap holds over a whole 5-step procedure (2 x 2 holds 4 images)

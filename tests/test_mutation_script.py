@@ -1,4 +1,4 @@
-"""scripts/mutation.py: the per-module table of a mutmut run, and which mutants a new run is given."""
+"""scripts/maintenance/mutation.py: the per-module table of a mutmut run, and which mutants a new run is given."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("mutmut")   # a developer tool (requirements-dev.txt)
 
-from scripts import mutation  # noqa: E402
+from scripts.maintenance import mutation  # noqa: E402
 
 CODES = {  # mutmut's exit codes: 1 killed, -24 timeout (scored as killed), 0 survived, 33 no test, None not run
     "seqaware.runs.x_a__mutmut_1": 1,
@@ -59,7 +59,7 @@ def test_a_run_gives_mutmut_the_unfinished_the_surviving_and_the_untested_mutant
 def test_report_without_a_run_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(mutation, "ROOT", tmp_path)
     assert mutation.main(["report"]) == 1
-    assert "run 'python scripts/mutation.py run' first" in capsys.readouterr().err
+    assert "run 'python scripts/maintenance/mutation.py run' first" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- --only PATTERN that matches no mutant
@@ -82,7 +82,7 @@ def project(tmp_path, monkeypatch):
 def test_the_mutated_modules_are_those_pyproject_names():
     modules = mutation.mutated_modules()
     assert {"seqaware.runs", "seqaware.checkpoint_io", "seqaware.metrics.iso", "data_modules.adapters.roc",
-            "seqaware.modules.teo_plan_head", "scripts.catbench_eval", "seqaware.pretrained", "seqaware.config",
+            "seqaware.modules.teo_plan_head", "scripts.tools.catbench_eval", "seqaware.pretrained", "seqaware.config",
             "decoders.berson", "registry.__init__", "seqaware.objectives.corruption"} <= set(modules)
     assert "seqaware.io" not in modules and "seqaware.modules.base" not in modules
 
@@ -126,7 +126,7 @@ def test_on_a_first_run_a_pattern_of_a_mutated_module_goes_to_mutmut(project, mo
     monkeypatch.setattr(mutation.subprocess, "call", lambda args, **kwargs: calls.append(args) or 0)
     assert mutation.main(["run", "--only", "seqaware.runs.x_c*", "*plan_head.x_relations*"]) == 1   # no meta: no table
     assert calls[0][4:] == ["seqaware.runs.x_c*", "*plan_head.x_relations*"]
-    assert "run 'python scripts/mutation.py run' first" in capsys.readouterr().err
+    assert "run 'python scripts/maintenance/mutation.py run' first" in capsys.readouterr().err
 
 
 def test_tests_narrow_the_tests_mutmut_draws_from_to_those_files(project, mutants, monkeypatch):

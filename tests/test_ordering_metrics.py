@@ -440,7 +440,7 @@ def test_score_predictions_script_reference_selection(tmp_path, monkeypatch, cap
 
     path = tmp_path / "predictions_test.jsonl"
     path.write_text(json.dumps({"pred": [0, 1, 2, 3], "references": [[0, 2, 1, 3], [3, 1, 2, 0]]}) + "\n")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "score_predictions.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tools" / "score_predictions.py"
     rows = {}
     for rule in ("joint", "wu2022"):
         monkeypatch.setattr(sys, "argv", [str(script), str(path), "--reference-selection", rule])
@@ -650,10 +650,10 @@ def test_a_metric_added_to_the_list_reaches_scores_logs_reports_the_wandb_table_
     columns, rows = logged_tables[0]["test/category_table"]
     assert columns == ["category", "n", *order_keys()] and rows[0] == ["x", 1, *(table["x"][k] for k in order_keys())]
     assert json.loads((tmp_path / "category_report.json").read_text())["all"]["last_right"] == 0.5
-    # scripts/score_predictions.py: a column of its own, and its help says the joint rule ranks on it
+    # scripts/tools/score_predictions.py: a column of its own, and its help says the joint rule ranks on it
     path = tmp_path / "predictions_test.jsonl"
     path.write_text(json.dumps({"pred": pred, "references": refs}) + "\n")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "score_predictions.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tools" / "score_predictions.py"
     monkeypatch.setattr(sys, "argv", [str(script), str(path)])
     runpy.run_path(str(script), run_name="__main__")
     header, _, row = capsys.readouterr().out.strip().splitlines()

@@ -1,4 +1,4 @@
-"""scripts/paper_tables.py and configs/paper_results.yaml: schema, transcription, layouts, our rows.
+"""scripts/studies/paper_tables.py and configs/paper_results.yaml: schema, transcription, layouts, our rows.
 
 Tests marked ``shared_data`` compare the published numbers with the papers' text in ../shared/papers
 (read at test time; nothing from ../shared is committed).
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT.parent / "shared" / "papers"
 
 
-pt = importlib.import_module("scripts.paper_tables")   # as scripts.paper_tables: mutmut records it by that name
+pt = importlib.import_module("scripts.studies.paper_tables")   # as scripts.studies.paper_tables: mutmut records it by that name
 PUBLISHED = pt.load_published(pt.DEFAULT_PUBLISHED)      # every row checked against the schema
 
 

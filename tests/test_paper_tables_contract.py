@@ -1,4 +1,4 @@
-"""scripts/paper_tables.py: exact messages, notes and layouts a reader of the tables relies on.
+"""scripts/studies/paper_tables.py: exact messages, notes and layouts a reader of the tables relies on.
 
 Complements tests/test_paper_tables.py (whose builders it imports): every kind of bad ``published`` YAML
 with the exact SystemExit message naming file, paper, table, row and field; the ISO-Bench
@@ -394,7 +394,7 @@ def test_read_metrics_forms(tmp_path):
     ("[1, 2]", "expected a JSON object of metrics"),
     ("x\nTEST_METRICS_JSON {broken\n", None),
     ("no metrics\n", "neither a JSON metrics dict, a log with a TEST_METRICS_JSON line nor the table of "
-                     "scripts/score_predictions.py"),
+                     "scripts/tools/score_predictions.py"),
 ])
 def test_read_metrics_errors(tmp_path, text, message):
     path = _write(tmp_path / "m.log", text)
@@ -407,7 +407,7 @@ def test_read_metrics_errors(tmp_path, text, message):
 
 
 @pytest.mark.parametrize("result, message", [
-    ([1], "not a result of scripts/eval_teo.py (expected a JSON object)"),
+    ([1], "not a result of scripts/tools/eval_teo.py (expected a JSON object)"),
     ({"task": "iso", "model": "m", "strategy": "explain", "modality": "image_text", "rows": []},
      "field 'rows' must map a system name to its metrics"),
     ({"task": "iso", "model": "m", "strategy": "cot", "modality": "image_text", "rows": {}},

@@ -1,4 +1,4 @@
-"""scripts/prepare_data.py + scripts/dataset_stats.py, and the adapters on the real shared data."""
+"""scripts/tools/prepare_data.py + scripts/tools/dataset_stats.py, and the adapters on the real shared data."""
 from __future__ import annotations
 
 import importlib.util
@@ -35,7 +35,7 @@ def distinct_sentences(list_path: Path) -> int:
 
 def load_script(name: str):
     """Import a script from scripts/ as a module (in-process: no interpreter start-up)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -104,7 +104,7 @@ def test_prepare_data_options_tasks_and_dataset_stats_in_process(tmp_path, capsy
 def test_prepare_data_rfg_r100_and_dataset_stats(shared_data, tmp_path):
     src = shared_data / "rfg" / "r-100"
     out = tmp_path / "rfg"
-    proc = run_script("scripts/prepare_data.py", "rfg", "--src", str(src), "--out", str(out), "--tasks", "teo")
+    proc = run_script("scripts/tools/prepare_data.py", "rfg", "--src", str(src), "--out", str(out), "--tasks", "teo")
     assert proc.returncode == 0, proc.stderr
     backward = int(re.search(r"backward edge: (\d+)", proc.stdout).group(1))
     assert backward > 0
@@ -123,7 +123,7 @@ def test_prepare_data_rfg_r100_and_dataset_stats(shared_data, tmp_path):
     assert counts["before"] > 0 and counts["independent"] > 0 and counts["after"] == 0
     # printed class counts: before, after, independent (original + swapped presentations)
     assert re.search(rf"\ntest\s+{counts['before']}\s+{counts['before']}\s+{2 * counts['independent']}\n", proc.stdout)
-    stats = run_script("scripts/dataset_stats.py", str(out))
+    stats = run_script("scripts/tools/dataset_stats.py", str(out))
     assert stats.returncode == 0, stats.stderr
     # the same table (after the title line)
     assert stats.stdout.splitlines()[1:] == proc.stdout.splitlines()[1:]

@@ -1,4 +1,4 @@
-"""scripts/pretrain_convergence.py: reading a run's logs into the convergence table (no training here)."""
+"""scripts/studies/pretrain_convergence.py: reading a run's logs into the convergence table (no training here)."""
 from __future__ import annotations
 
 import importlib.util
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("pretrain_convergence", ROOT / "scripts" / "pretrain_convergence.py")
+spec = importlib.util.spec_from_file_location("pretrain_convergence", ROOT / "scripts" / "studies" / "pretrain_convergence.py")
 conv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(conv)
 

@@ -135,7 +135,7 @@ def test_a_line_cut_short_is_reported_at_its_end(folder, ending):
 
 
 def _script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "validate_procedures.py"), *args],
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / "validate_procedures.py"), *args],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -257,7 +257,7 @@ def test_runtime_forecast_names_base_size_encoders_only_when_the_model_has_one(m
 
 # ---------------------------------------------------------------- the benchmarks' step clock
 def test_step_clock_times_the_steps_after_the_warm_up_and_writes_its_figures(monkeypatch, tmp_path, caplog):
-    """StepClock (scripts/gpu_roc.py time-steps): 10-s steps on a fake clock, 2 warm-up steps, then 3 timed; a fit
+    """StepClock (scripts/maintenance/gpu_roc.py time-steps): 10-s steps on a fake clock, 2 warm-up steps, then 3 timed; a fit
     that ends before the clock stops writes nothing."""
     import json
 
@@ -293,7 +293,7 @@ class _TimedValidation(_TenSecondSteps):
 
 def test_step_clock_times_the_first_validation_after_the_timed_steps(monkeypatch, tmp_path):
     """The validation after step 5 (2 warm-up + 3 timed steps; val_check_interval 5): 4 batches of 3 s, in the figures
-    and the file (scripts/roc_table.py forecasts evaluations at this pace); the sanity check is not timed."""
+    and the file (scripts/studies/roc_table.py forecasts evaluations at this pace); the sanity check is not timed."""
     import json
 
     from seqaware.callbacks import StepClock

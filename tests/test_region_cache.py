@@ -1,4 +1,4 @@
-"""Cached detector region features end to end: scripts/extract_features.py -> RegionFeatureCache ->
+"""Cached detector region features end to end: scripts/tools/extract_features.py -> RegionFeatureCache ->
 StepCollator (data.collator.region_features) -> the VisualBERT encoder without a visual backbone
 (encoder@model.encoder=visualbert_detector) -> train.py (pretraining and BERSON fine-tuning).
 
@@ -37,8 +37,7 @@ SPLIT_SIZES = {"train": 4, "val": 2, "test": 2}
 
 
 def _extract_features():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import extract_features
+    from scripts.tools import extract_features
 
     return extract_features
 
@@ -185,7 +184,7 @@ def test_missing_cache_file_names_the_image_the_file_and_the_command(region_data
     with pytest.raises(FileNotFoundError) as err:
         _collator(cache)(items)
     message = str(err.value)
-    for part in (f"procedure {items[1].procedure_id}", image, str(missing), "scripts/extract_features.py",
+    for part in (f"procedure {items[1].procedure_id}", image, str(missing), "scripts/tools/extract_features.py",
                  f"--out {cache}"):
         assert part in message, (part, message)
     # whole procedures (not the default 2-step sub-sequences), so the step without a cache file is read

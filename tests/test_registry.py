@@ -245,7 +245,7 @@ def _texts() -> dict[str, str]:
     """The project's own text that names choices: the README, docs/, configs/ and the scripts' docstrings."""
     files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "configs").rglob("*.yaml")]
     texts = {str(path.relative_to(ROOT)): path.read_text(encoding="utf-8") for path in files}
-    for path in (ROOT / "scripts").glob("*.py"):
+    for path in (ROOT / "scripts").rglob("*.py"):
         texts[str(path.relative_to(ROOT))] = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     return texts
 
@@ -447,7 +447,7 @@ def test_adding_an_adapter_is_one_new_module_and_one_data_config(drop_in, compos
     assert {split: [p.id for p in procs] for split, procs in splits.items()} == {
         "train": ["a", "b"], "val": ["c"], "test": ["d"]}
     assert [s.text for s in splits["train"][0].steps] == ["Boil water.", "Add pasta.", "Drain."]
-    spec = importlib.util.spec_from_file_location("prepare_data", ROOT / "scripts" / "prepare_data.py")
+    spec = importlib.util.spec_from_file_location("prepare_data", ROOT / "scripts" / "tools" / "prepare_data.py")
     prepare_data = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prepare_data)
     out = tmp_path / "prepared"

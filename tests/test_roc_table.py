@@ -1,4 +1,4 @@
-"""scripts/roc_table.py: the ROC table on one GPU in one command, checked here on the CPU at toy size.
+"""scripts/studies/roc_table.py: the ROC table on one GPU in one command, checked here on the CPU at toy size.
 
 The pieces (the runs' commands composed against the real configs, the order of the runs, the forecast's arithmetic,
 the budget's refusal, a folder of another command refused) are fast; the whole path on a tiny random MPNet and 42
@@ -17,10 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import roc_table  # noqa: E402
-from roc_table import compose, forecast, plan, run_overrides, timing_overrides  # noqa: E402
+from scripts.studies import roc_table  # noqa: E402
+from scripts.studies.roc_table import compose, forecast, plan, run_overrides, timing_overrides  # noqa: E402
 
 TIMING = {"warmup_steps": 5, "warmup_s": 10.0, "steps": 20, "seconds": 2.0, "s_per_step": 0.1, "val_batches": 4,
           "val_s": 2.0, "s_per_eval_batch": 0.5, "overhead_s": 20.0, "batches_per_epoch": 267,
@@ -155,7 +154,7 @@ def test_the_whole_command_at_toy_size_resumes_a_cut_run_and_reuses_finished_one
     out = tmp_path / "out"
     # SIGTERM at step 3 of the first run that reaches it (roc_base seed 0: 4 epochs of one 8,192-token batch; the
     # timing runs stop at step 2, BERSON's recipe at 2): what a user's kill or a scheduler's preemption does
-    cmd = [sys.executable, "scripts/roc_table.py", "--seeds", "0", "1", "--paper-seeds", "0", "--trainer", "cpu",
+    cmd = [sys.executable, "scripts/studies/roc_table.py", "--seeds", "0", "1", "--paper-seeds", "0", "--trainer", "cpu",
            "--out", str(out), "--budget-s", "0", "--warmup-steps", "1", "--timed-steps", "1", "--val-batches", "1", "--",
            f"backbones.text={mpnet}", f"backbones.tokenizer={mpnet}", f"paths.shared_data_dir={tmp_path / 'data'}",
            f"paths.cache_dir={tmp_path / 'cache'}", "data.eval_batch_size=3", "model.beam_size=2",

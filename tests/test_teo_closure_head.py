@@ -270,7 +270,7 @@ def test_scores_by_hand(tmp_path):
 @pytest.mark.shared_data
 def test_paper_subset_scored_by_hand(shared_data):
     """The 748 paper questions of the sample: 460 yes; always-yes F1 = 2 * 460 / (748 + 460)."""
-    from scripts import catbench_eval as module
+    from scripts.tools import catbench_eval as module
     questions = read_catbench(shared_data / "catbench" / "test_questions_sample_paper.jsonl")
     assert len(questions) == 748 and sum(q["answer"] == "yes" for q in questions) == 460
     rows = module.score(questions, {})

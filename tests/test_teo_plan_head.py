@@ -228,7 +228,7 @@ def test_catbench_questions_group_into_plans(tmp_path):
 
 
 def test_catbench_eval_script_scores_answer_files(tmp_path, capsys):
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     path, rows = _questions(tmp_path)
     # a train.py predictions file (ids) and a published-answers style file (CaT-Bench fields, raw text)
@@ -262,7 +262,7 @@ def test_catbench_eval_script_scores_answer_files(tmp_path, capsys):
 
 
 def test_catbench_eval_script_names_bad_lines(tmp_path):
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     path, _ = _questions(tmp_path)
     bad = tmp_path / "bad.jsonl"
@@ -274,7 +274,7 @@ def test_catbench_eval_script_names_bad_lines(tmp_path):
 @pytest.mark.shared_data
 def test_rfg_rows_answer_from_the_flow_graph(shared_data):
     """Every CaT-Bench "yes" of the sample is joined by an r-FG path; the rows answer every question."""
-    from scripts.catbench_eval import rfg_answers, score
+    from scripts.tools.catbench_eval import rfg_answers, score
 
     questions = read_catbench(shared_data / "catbench" / "test_questions_sample.jsonl")
     rows = score(questions, rfg_answers(questions, shared_data / "rfg" / "r-100"))

@@ -1,4 +1,4 @@
-"""How the TEO heads and the CaT-Bench scorer decide and select: ``scripts/catbench_eval.py`` (answer
+"""How the TEO heads and the CaT-Bench scorer decide and select: ``scripts/tools/catbench_eval.py`` (answer
 files, r-FG rows, re-weighting, its command line), the plan head's decision rule and reports, and the
 closure head's fold scores, blends, cross-validated model selection and test report."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ TINY_BERT = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_
 CAKE = ["Heat the oven.", "Mix flour and eggs.", "Pour into a tin.", "Wash up."]
 
 
-# ---------------------------------------------------------------- scripts/catbench_eval.py
+# ---------------------------------------------------------------- scripts/tools/catbench_eval.py
 def catbench_rows(plan_idx, steps, pairs, recipe):
     """CaT-Bench question records: every (first, second, label) of ``pairs`` asked before and after."""
     rows = []
@@ -45,7 +45,7 @@ def rfg_folder(tmp_path: Path) -> Path:
 
 def test_rfg_rows_answer_from_the_flow_graph_of_the_question_recipe(tmp_path):
     from data_modules.adapters.catbench import read_catbench
-    from scripts.catbench_eval import rfg_answers
+    from scripts.tools.catbench_eval import rfg_answers
 
     rows = (catbench_rows(6, ["A.", "B."], [(0, 1, "yes")], "Unknown")            # recipe not in the folder
             + catbench_rows(7, CAKE, [(0, 1, "yes")], "Short")                     # the recipe has 2 steps, not 4
@@ -65,7 +65,7 @@ def test_rfg_rows_answer_from_the_flow_graph_of_the_question_recipe(tmp_path):
 
 
 def test_answers_files_are_read_by_id_or_catbench_fields(tmp_path):
-    from scripts.catbench_eval import read_answers
+    from scripts.tools.catbench_eval import read_answers
 
     path = write_lines(tmp_path / "a.jsonl", [{"id": "5-x-0", "answer": " YES "}, "", "   ",
                                               {"plan_idx": 5, "question_type": "y", "question_idx": 1, "answer": "No. Because"},
@@ -80,7 +80,7 @@ def test_answers_files_are_read_by_id_or_catbench_fields(tmp_path):
 
 
 def test_every_bad_line_of_an_answers_file_is_named_at_once(tmp_path):
-    from scripts.catbench_eval import read_answers
+    from scripts.tools.catbench_eval import read_answers
 
     path = write_lines(tmp_path / "bad.jsonl", ['{"id": "a", "answer": "yes"}', "", "{not json", "[1, 2]", "3",
                                                 '{"answer": "yes"}', '{"id": "b"}', '{"id": "c", "answer": "no"}'])
@@ -108,7 +108,7 @@ def _answers(path, rows, answers, field="answer", extra=()):
 def test_the_script_writes_its_table_and_rows_and_honours_its_options(tmp_path, capsys):
     from sklearn.metrics import accuracy_score
 
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     questions, rows = _cake_questions(tmp_path)
     gold = [r["label"] for r in rows]
@@ -145,7 +145,7 @@ def test_the_script_writes_its_table_and_rows_and_honours_its_options(tmp_path, 
 
 
 def test_without_answers_files_the_table_holds_the_baselines(tmp_path):
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     questions, _ = _cake_questions(tmp_path)
     assert main(["--questions", str(questions), "--json", str(tmp_path / "rows.json")]) == 0
@@ -157,7 +157,7 @@ def test_twins_are_the_two_questions_about_one_pair_of_one_plan(tmp_path):
     """Plans are told apart by plan_idx and by recipe: pairs with the same step indices in other plans are
     other pairs."""
     from data_modules.adapters.catbench import read_catbench
-    from scripts.catbench_eval import score
+    from scripts.tools.catbench_eval import score
 
     rows = catbench_rows(1, CAKE, [(0, 1, "yes")], None) + catbench_rows(2, CAKE, [(0, 1, "yes")], None)
     for k, r in enumerate(catbench_rows(None, CAKE, [(0, 1, "yes")], "X") + catbench_rows(None, CAKE, [(0, 1, "yes")], "Y")):
@@ -170,7 +170,7 @@ def test_twins_are_the_two_questions_about_one_pair_of_one_plan(tmp_path):
 
 
 def test_re_weighted_rows_make_yes_weigh_the_given_share(tmp_path, capsys):
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     questions, rows = _cake_questions(tmp_path)
     _answers(tmp_path / "ours.jsonl", rows, ["yes", "yes", "no", "no", "no", "no", "yes", "no"])
@@ -194,7 +194,7 @@ def test_re_weighted_rows_make_yes_weigh_the_given_share(tmp_path, capsys):
 
 @pytest.mark.parametrize("spec", ["ours", "=x.jsonl", "ours="])
 def test_an_answers_option_without_name_and_path_is_refused(tmp_path, capsys, spec):
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     questions, _ = _cake_questions(tmp_path)
     with pytest.raises(SystemExit) as err:
@@ -206,7 +206,7 @@ def test_an_answers_option_without_name_and_path_is_refused(tmp_path, capsys, sp
 @pytest.mark.parametrize("content", [None, "", "\n  \n"], ids=["missing", "empty", "blank lines"])
 @pytest.mark.parametrize("option", ["--questions", "--answers", "--gpt4"])
 def test_a_missing_or_empty_file_is_named_by_its_option(tmp_path, option, content):
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     questions, rows = _cake_questions(tmp_path)
     good = _answers(tmp_path / "good.jsonl", rows, ["yes"] * len(rows))
@@ -229,7 +229,7 @@ def test_a_missing_or_empty_file_is_named_by_its_option(tmp_path, option, conten
 
 
 def test_the_questions_option_is_required(capsys):
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     with pytest.raises(SystemExit) as err:
         main(["--answers", "x=y.jsonl"])
@@ -238,7 +238,7 @@ def test_the_questions_option_is_required(capsys):
 
 
 def test_help_describes_the_script_and_every_option(capsys, monkeypatch):
-    from scripts.catbench_eval import main
+    from scripts.tools.catbench_eval import main
 
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as err:

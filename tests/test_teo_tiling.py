@@ -1,5 +1,5 @@
 """One image preprocessing for TEO (issue #61): training, its in-training test, the saved adapter, the merged
-model and scripts/eval_teo.py build the same inputs from data.image_tiles (seqaware/vlm/inputs.py)."""
+model and scripts/tools/eval_teo.py build the same inputs from data.image_tiles (seqaware/vlm/inputs.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -24,7 +24,7 @@ MAX_NEW_TOKENS = 12
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("eval_teo_script", ROOT / "scripts" / "eval_teo.py")
+    spec = importlib.util.spec_from_file_location("eval_teo_script", ROOT / "scripts" / "tools" / "eval_teo.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

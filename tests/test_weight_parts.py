@@ -1,4 +1,4 @@
-"""scripts/weight_parts.py: a model folder in parts under a size limit, checked and unpacked into a folder
+"""scripts/maintenance/weight_parts.py: a model folder in parts under a size limit, checked and unpacked into a folder
 AutoModel loads, on a tiny random MPNet with an MPNet tokenizer (MiniLM's vocabulary)."""
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import weight_parts  # noqa: E402
-from weight_parts import MIB, PartsError, pack, unpack  # noqa: E402
+from scripts.maintenance import weight_parts  # noqa: E402
+from scripts.maintenance.weight_parts import MIB, PartsError, pack, unpack  # noqa: E402
 
 SENTENCES = ["the cat sat on the mat .", "she went to the store and bought milk .", "he was late for work again ."]
 
@@ -122,7 +121,7 @@ def test_unpack_names_every_missing_and_corrupt_part(tiny_folder, tmp_path, caps
     damaged = bytearray((b / "part-001.bin").read_bytes())
     damaged[100] ^= 0xFF
     (b / "part-001.bin").write_bytes(bytes(damaged))
-    from weight_parts import sha256_file
+    from scripts.maintenance.weight_parts import sha256_file
 
     p1, p2 = manifest["parts"][1], manifest["parts"][2]
     with pytest.raises(PartsError) as err:
@@ -172,7 +171,7 @@ def test_unpack_from_several_folders_reuses_its_folder_and_refuses_another_pack(
 
 def test_the_config_and_tokenizer_come_out_of_part_0_alone(tiny_folder, tmp_path):
     """What ``gpu_roc.py time-steps`` builds a random-weight model from while parts 1 and 2 are still to come."""
-    from weight_parts import unpack_files
+    from scripts.maintenance.weight_parts import unpack_files
 
     manifest, (a, b, c) = _packed_in_three_folders(tiny_folder, tmp_path)
     dest = unpack_files([a], tmp_path / "arch")
@@ -204,7 +203,7 @@ def _hand_pack(folder: Path, names: list[str], part_file: str = "part-000.bin") 
 
 
 def test_unpack_refuses_manifest_names_that_leave_the_destination_naming_each_entry(tmp_path):
-    from weight_parts import unpack_files
+    from scripts.maintenance.weight_parts import unpack_files
 
     outside = tmp_path / "outside.txt"
     parts = _hand_pack(tmp_path / "parts", ["config.json", "../outside.txt", str(outside), "sub/x.json", ".."])
@@ -231,7 +230,7 @@ def test_a_part_name_that_leaves_its_folder_is_refused(tmp_path):
 
 
 def test_unpack_files_never_writes_through_a_symbolic_link_in_the_destination(tmp_path):
-    from weight_parts import unpack_files
+    from scripts.maintenance.weight_parts import unpack_files
 
     parts = _hand_pack(tmp_path / "parts", ["config.json", "vocab.txt"])
     outside = tmp_path / "outside.json"

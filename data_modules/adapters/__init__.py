@@ -3,7 +3,7 @@
 Each adapter is a function ``convert(src, out_images, **options) -> AdapterResult`` (see
 :mod:`data_modules.adapters.common`) in a module of this package, registered under its dataset name
 with ``@ADAPTERS.register("NAME")``; the module's docstring says what release it reads.
-``ADAPTERS`` holds every one (``python scripts/prepare_data.py --help`` lists them).
+``ADAPTERS`` holds every one (``python scripts/tools/prepare_data.py --help`` lists them).
 
 The registry and option checking live in :mod:`data_modules.adapters.registry`; the cached Hydra
 source over it (``configs/data/{wikihow,recipeqa,mateo,rfg}.yaml``) is

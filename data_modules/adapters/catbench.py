@@ -16,7 +16,7 @@ Output:
 All records go to split ``split`` (default ``test``: CaT-Bench is an evaluation set).
 
 :func:`read_catbench` reads the same question files as pair items for the TEO heads' test set and
-``scripts/catbench_eval.py``: CaT-Bench is parsed here only.
+``scripts/tools/catbench_eval.py``: CaT-Bench is parsed here only.
 """
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def convert(src: Path, out_images: Path | None = None, split: str = "test") -> A
 
 def read_catbench(path: str | Path, key: str = "data.eval_path") -> list[dict[str, Any]]:
     """CaT-Bench questions as pair items, for the TEO heads (``data.eval_path`` of
-    :mod:`data_modules.teo_encoder_pairs` and :mod:`data_modules.teo_plans`) and ``scripts/catbench_eval.py``.
+    :mod:`data_modules.teo_encoder_pairs` and :mod:`data_modules.teo_plans`) and ``scripts/tools/catbench_eval.py``.
 
     Each item keeps the presented pair (``text_a`` / ``text_b``: a question about (first, second)
     with direction ``before`` is presented as (first, second), with ``after`` as (second, first)), the gold

@@ -1,4 +1,4 @@
-"""Convert a raw release into a prepared folder (shared by ``scripts/prepare_data.py`` and the cached source).
+"""Convert a raw release into a prepared folder (shared by ``scripts/tools/prepare_data.py`` and the cached source).
 
 Layout of a prepared folder ``OUT``::
 

@@ -1,4 +1,4 @@
-"""The summary table printed by ``scripts/prepare_data.py`` and ``scripts/dataset_stats.py``.
+"""The summary table printed by ``scripts/tools/prepare_data.py`` and ``scripts/tools/dataset_stats.py``.
 
 One row per split: procedures, steps, steps per procedure (mean), steps with an image, procedures
 with a DAG, DAG edges and the branching factor (mean out-degree of the steps that have at least

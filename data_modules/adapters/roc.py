@@ -15,7 +15,7 @@ punctuation, tokenisation and digits do not count), so a copy of a story is foun
 surface form.
 
 :func:`roc_source` is the Hydra source of ``configs/data/roc.yaml``; :func:`convert` is the
-adapter used by ``scripts/prepare_data.py``.
+adapter used by ``scripts/tools/prepare_data.py``.
 """
 from __future__ import annotations
 

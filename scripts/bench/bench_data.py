@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Is the data loader ever the bottleneck?  Loader throughput against training-step throughput, per experiment.
 
-    python scripts/bench_data.py                                   # every CPU experiment, its own defaults
-    python scripts/bench_data.py --experiments berson_finetune clipvil_pretrain --batches 20 --steps 8
-    python scripts/bench_data.py --experiments order_baseline --workers 0 2 -- data.batch_size=32
+    python scripts/bench/bench_data.py                                   # every CPU experiment, its own defaults
+    python scripts/bench/bench_data.py --experiments berson_finetune clipvil_pretrain --batches 20 --steps 8
+    python scripts/bench/bench_data.py --experiments order_baseline --workers 0 2 -- data.batch_size=32
 
 For each experiment the config is composed exactly as ``python train.py experiment=NAME [OVERRIDES]``
 would compose it (its defaults, the data it names, ``trainer.precision`` as configured: ``auto_precision``
@@ -41,7 +41,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MARKER = "BENCH_DATA_JSON"

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Decoding and BERSON training throughput.
 
-    python scripts/bench_decode.py                       # decoders at n = 5, 10, 20 + BERSON training on CPU
-    python scripts/bench_decode.py --train-only --bf16   # training samples/s under bf16 autocast (a CPU with
+    python scripts/bench/bench_decode.py                       # decoders at n = 5, 10, 20 + BERSON training on CPU
+    python scripts/bench/bench_decode.py --train-only --bf16   # training samples/s under bf16 autocast (a CPU with
                                                          # AVX512-BF16 / AMX, or a GPU: elsewhere bf16 is emulated, ~20x slower)
-    python scripts/bench_decode.py --pair-encodings --sizes 5 10 20 --json /tmp/bench_decode.json
-    python scripts/bench_decode.py --pair-encodings --sizes 5 --steps 2          # < 1 minute on a CPU
-    python scripts/bench_decode.py --packing joint --steps 20                     # padded vs packed, roc_joint's step
+    python scripts/bench/bench_decode.py --pair-encodings --sizes 5 10 20 --json /tmp/bench_decode.json
+    python scripts/bench/bench_decode.py --pair-encodings --sizes 5 --steps 2          # < 1 minute on a CPU
+    python scripts/bench/bench_decode.py --packing joint --steps 20                     # padded vs packed, roc_joint's step
 
 Decoders: procedures/s of the pointer network's greedy and beam-16 search and of the pairwise
 topological sort (and the exact decoder at n <= 10), on random BERSON states of hidden size 384
@@ -30,7 +30,7 @@ one line ``BENCH_DECODE_JSON [{...}, ...]``; ``--json PATH`` writes the same lis
 ROCStories (``--stories``, default the shared dev.tsv; ``--train-batch`` stories a step, default 16 as
 ``hparams=roc_joint``): per step the real tokens, the padding share, the model FLOPs from the real tokens
 (:mod:`seqaware.profiling`, the one home for counting), tokens/s, TFLOP/s, MFU on a GPU, the machine, and the
-packed/padded speed-up.  ``python scripts/bench_decode.py --packing joint --steps 20`` (the roc_joint step), or
+packed/padded speed-up.  ``python scripts/bench/bench_decode.py --packing joint --steps 20`` (the roc_joint step), or
 ``--packing pairwise --train-batch 4`` (berson_roc's pairwise step).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from decoders import PAIRWISE_DECODERS  # noqa: E402
 from decoders.berson import BersonDecoder, pair_index  # noqa: E402
@@ -383,7 +383,7 @@ def main() -> None:
                         help="--pair-encodings / --packing: also write the figures to this JSON file")
     parser.add_argument("--packing", nargs="+", choices=["joint", "pairwise"], default=None, metavar="ENCODING",
                         help="padded vs packed (model.packed) training steps on ROCStories for these pair encodings")
-    parser.add_argument("--stories", default=str(Path(__file__).resolve().parents[2] / "shared/data/roc/dev.tsv"),
+    parser.add_argument("--stories", default=str(Path(__file__).resolve().parents[3] / "shared/data/roc/dev.tsv"),
                         help="--packing: ROCStories in BERSON's tsv (default: the shared dev.tsv)")
     args = parser.parse_args()
     # --pair-encodings: a 20-step procedure is 380 pairwise encoder passes; fewer, smaller steps keep the run short

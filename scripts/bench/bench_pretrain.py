@@ -2,11 +2,11 @@
 """Throughput of one sequence-aware pretraining step (PretrainingModule: corruption, encoder forward,
 SMRM's clean pass, losses, backward, AdamW step) on random inputs.
 
-    python scripts/bench_pretrain.py                                   # offline preset, CPU or GPU (auto)
-    python scripts/bench_pretrain.py --preset paper --batch-size 32 --bf16 --sdpa
-    python scripts/bench_pretrain.py --preset paper --batch-size 32 --bf16 --sdpa --compile
-    python scripts/bench_pretrain.py --preset paper --batch-size 64 --precision bf16-true --sdpa --compile
-    python scripts/bench_pretrain.py --preset paper --batch-size 32 --precision bf16-true --sdpa \
+    python scripts/bench/bench_pretrain.py                                   # offline preset, CPU or GPU (auto)
+    python scripts/bench/bench_pretrain.py --preset paper --batch-size 32 --bf16 --sdpa
+    python scripts/bench/bench_pretrain.py --preset paper --batch-size 32 --bf16 --sdpa --compile
+    python scripts/bench/bench_pretrain.py --preset paper --batch-size 64 --precision bf16-true --sdpa --compile
+    python scripts/bench/bench_pretrain.py --preset paper --batch-size 32 --precision bf16-true --sdpa \
         --curve-steps 200 --no-baseline            # + the loss of 200 training steps (vs --bf16: same seed, same data)
 
 Presets (CLIP-ViL encoder, 5 steps x (60 text + image tokens) per sequence by default):
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

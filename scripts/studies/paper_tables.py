@@ -2,15 +2,15 @@
 """The published tables of our papers in their own layout, with our results beside them.
 
     # every published table (markdown), nothing else
-    python scripts/paper_tables.py --out tables.md
+    python scripts/studies/paper_tables.py --out tables.md
     # MATEO Tables 3-4 with our eval_teo results (+ a LoRA run of train.py, shown as fine-tuned)
-    python scripts/paper_tables.py --teo logs/eval_teo/*/teo_*.json "lora@instructions/image_text=logs/run/train.log"
+    python scripts/studies/paper_tables.py --teo logs/eval_teo/*/teo_*.json "lora@instructions/image_text=logs/run/train.log"
     # Wu et al. Tables 2, 3, 4 and 10 with our sequencing runs
-    python scripts/paper_tables.py --sequencing "CLIP-ViL+BERSON@recipeqa/multimodal=logs/run1/test_metrics.json"
+    python scripts/studies/paper_tables.py --sequencing "CLIP-ViL+BERSON@recipeqa/multimodal=logs/run1/test_metrics.json"
     # ISO-Bench Table 1, COHERENCE Tables 1-2 with our eval_teo results
-    python scripts/paper_tables.py --iso logs/eval_teo/*/iso_*.json --coherence logs/eval_teo/*/coherence_*.json
+    python scripts/studies/paper_tables.py --iso logs/eval_teo/*/iso_*.json --coherence logs/eval_teo/*/coherence_*.json
     # CaT-Bench Table 2 with a CaT-Bench run of train.py (experiment=teo_plan_head_catbench)
-    python scripts/paper_tables.py --catbench "closure head=logs/teo_plan_head_catbench/runs/RUN/test_metrics.json"
+    python scripts/studies/paper_tables.py --catbench "closure head=logs/teo_plan_head_catbench/runs/RUN/test_metrics.json"
 
 Published numbers come from ``configs/paper_results.yaml`` (``--published``), checked row by row
 against :data:`SPECS` (an error names the file, paper, table, row and field). Without result files
@@ -20,7 +20,7 @@ COHERENCE print percentages, MATEO and ISO-Bench fractions); ours (fractions) ar
 
 Our inputs and the paper columns they fill:
 
-* ``--teo``: result JSONs of ``scripts/eval_teo.py`` (``teo_<strategy>_<modality>.json``): every row
+* ``--teo``: result JSONs of ``scripts/tools/eval_teo.py`` (``teo_<strategy>_<modality>.json``): every row
   (trivial baselines included) fills MATEO Table 3 with ``consistency_accuracy`` in the column of the
   result's strategy; image_text results fill Table 4 with ``mateo_f1_before``,
   ``mateo_f1_independent``, ``mateo_f1_after`` (before/after fall back to ``f1_before``/``f1_after``,
@@ -29,7 +29,7 @@ Our inputs and the paper columns they fill:
 * ``--sequencing NAME@DATASET/MODALITY=PATH`` (dataset wikihow|recipeqa, modality
   text|image|multimodal): ``PATH`` is a JSON metrics dict (``test_metrics.json``; keys optionally
   prefixed ``test/`` or nested under ``"metrics"``), a log holding train.py's ``TEST_METRICS_JSON``
-  line (the last one is used) or the table printed by ``scripts/score_predictions.py``.
+  line (the last one is used) or the table printed by ``scripts/tools/score_predictions.py``.
   Tables 2 and 3 (original order): Acc, PMR, Lq, Lr, tau, Dist = ``single/acc`` x100,
   ``single/pmr`` x100, ``single/lcs``, ``single/lcstr``, ``single/tau``, ``single/dist``.
   Tables 4 and 10: All = ``single/<m>`` (single) and ``<m>`` (multi); Single = ``subset_single/<m>``;
@@ -59,18 +59,18 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 # By concern: the tables' vocabulary (paper_tables_schema.py), the published tables and their file
 # (paper_tables_published.py), markdown (paper_tables_render.py), our rows (paper_tables_ours.py); this file is
 # the command line and hands their names on.
-from scripts.paper_tables_ours import (CATBENCH_SYSTEMS, catbench_rows, coherence_rows, iso_rows,  # noqa: E402
+from scripts.studies.paper_tables_ours import (CATBENCH_SYSTEMS, catbench_rows, coherence_rows, iso_rows,  # noqa: E402
                                        load_results, parse_catbench_spec, parse_sequencing_spec, parse_teo_spec,
                                        read_metrics, sequencing_rows, teo_rows)
-from scripts.paper_tables_published import SPECS, check_row, iso_unparsable_notes, load_published  # noqa: E402
-from scripts.paper_tables_render import format_value, merge_rows, render_table  # noqa: E402
-from scripts.paper_tables_schema import (CATBENCH_SETTINGS, COHERENCE_GROUPS, DASH, ISO_SETTINGS, NA,  # noqa: E402
+from scripts.studies.paper_tables_published import SPECS, check_row, iso_unparsable_notes, load_published  # noqa: E402
+from scripts.studies.paper_tables_render import format_value, merge_rows, render_table  # noqa: E402
+from scripts.studies.paper_tables_schema import (CATBENCH_SETTINGS, COHERENCE_GROUPS, DASH, ISO_SETTINGS, NA,  # noqa: E402
                                          OBJECTIVES, PAPER_NAMES, REPAIRED_MARK, ROW_EXTRAS, SEQ_DATASETS,
                                          SEQ_MODALITIES, TEO_CLASSES, TEO_MODALITY_SHOW, TEO_STRATEGY_HEADERS, Label,
                                          Metric, TableSpec)

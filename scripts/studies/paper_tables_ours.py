@@ -1,4 +1,4 @@
-"""Our results in the papers' columns (scripts/paper_tables.py): reading our result files (test metrics of
+"""Our results in the papers' columns (scripts/studies/paper_tables.py): reading our result files (test metrics of
 a run, eval_teo results, the ``NAME@...=PATH`` specs) and turning them into rows of each paper's tables."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from scripts.paper_tables_published import SPECS
-from scripts.paper_tables_schema import (_MULTI_REF, _SUBSET, DASH, ISO_SETTINGS, NA, SEQ_DATASETS, SEQ_MODALITIES,
+from scripts.studies.paper_tables_published import SPECS
+from scripts.studies.paper_tables_schema import (_MULTI_REF, _SUBSET, DASH, ISO_SETTINGS, NA, SEQ_DATASETS, SEQ_MODALITIES,
                                          _number)
 from seqaware.io import parse_test_metrics
 from seqaware.vlm.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES
@@ -15,7 +15,7 @@ from seqaware.vlm.prompts import ISO_STRATEGIES, MODALITIES, STRATEGIES
 
 # ---------------------------------------------------------------- reading our result files
 def _score_predictions_table(text: str) -> dict[str, float] | None:
-    """The ``predictions`` row of the table ``scripts/score_predictions.py`` prints, or None."""
+    """The ``predictions`` row of the table ``scripts/tools/score_predictions.py`` prints, or None."""
     header = None
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -44,7 +44,7 @@ def read_metrics(path: str | Path) -> dict[str, float]:
             metrics = _score_predictions_table(text)
         if metrics is None:
             raise SystemExit(f"{path}: neither a JSON metrics dict, a log with a TEST_METRICS_JSON line "
-                             "nor the table of scripts/score_predictions.py")
+                             "nor the table of scripts/tools/score_predictions.py")
     if isinstance(metrics, Mapping) and isinstance(metrics.get("metrics"), Mapping):
         metrics = metrics["metrics"]
     if not isinstance(metrics, Mapping):
@@ -62,10 +62,10 @@ def load_results(paths: Iterable[str | Path], task: str) -> list[dict[str, Any]]
         except (OSError, json.JSONDecodeError) as err:
             raise SystemExit(f"{path}: cannot read an eval_teo result ({err})") from None
         if not isinstance(result, Mapping):
-            raise SystemExit(f"{path}: not a result of scripts/eval_teo.py (expected a JSON object)")
+            raise SystemExit(f"{path}: not a result of scripts/tools/eval_teo.py (expected a JSON object)")
         missing = [k for k in ("task", "model", "strategy", "modality", "rows") if k not in result]
         if missing:
-            raise SystemExit(f"{path}: not a result of scripts/eval_teo.py (missing {', '.join(missing)})")
+            raise SystemExit(f"{path}: not a result of scripts/tools/eval_teo.py (missing {', '.join(missing)})")
         if result["task"] != task:
             raise SystemExit(f"{path}: a {result['task']!r} result, not {task!r}; pass it to --{result['task']}")
         if not isinstance(result["rows"], Mapping):

@@ -1,4 +1,4 @@
-"""The published tables (scripts/paper_tables.py): their layouts (:data:`SPECS`), and the published-results
+"""The published tables (scripts/studies/paper_tables.py): their layouts (:data:`SPECS`), and the published-results
 file (``configs/paper_results.yaml``) loaded and checked row by row against them."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from scripts.paper_tables_render import _row_name
-from scripts.paper_tables_schema import (_CATBENCH_COLUMNS, _HUMAN, _MULTI_REF, _ORDER, _SUBSET, _TEO_COLUMNS,
+from scripts.studies.paper_tables_render import _row_name
+from scripts.studies.paper_tables_schema import (_CATBENCH_COLUMNS, _HUMAN, _MULTI_REF, _ORDER, _SUBSET, _TEO_COLUMNS,
                                          _TEST_FRACTION, CATBENCH_SETTINGS, COHERENCE_GROUPS, DASH, NA, OBJECTIVES,
                                          ROW_EXTRAS, SEQ_DATASETS, SEQ_MODALITIES, TEO_CLASSES, TEO_MODALITY_SHOW,
                                          Label, Metric, TableSpec, _number)

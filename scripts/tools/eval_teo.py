@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Evaluate a Hugging Face image-text-to-text model on TEO (+ ISO, COHERENCE) by prompting.
 
-    python scripts/eval_teo.py --model OpenGVLab/InternVL3_5-8B-HF --procedures data/mateo/test.jsonl
-    python scripts/eval_teo.py --model /models/qwen2.5-vl-7b --synthetic --strategies baseline,cot --modalities image
-    python scripts/eval_teo.py --model /models/x --procedures p.jsonl --tasks teo,iso,coherence --set iso.ks=[2,3]
-    python scripts/eval_teo.py --model logs/teo_lora_internvl/runs/RUN/adapter --procedures data/mateo/test.jsonl
+    python scripts/tools/eval_teo.py --model OpenGVLab/InternVL3_5-8B-HF --procedures data/mateo/test.jsonl
+    python scripts/tools/eval_teo.py --model /models/qwen2.5-vl-7b --synthetic --strategies baseline,cot --modalities image
+    python scripts/tools/eval_teo.py --model /models/x --procedures p.jsonl --tasks teo,iso,coherence --set iso.ks=[2,3]
+    python scripts/tools/eval_teo.py --model logs/teo_lora_internvl/runs/RUN/adapter --procedures data/mateo/test.jsonl
 
 A fine-tuned TEO model: ``--model RUN/adapter`` (the LoRA adapter, loaded on its base model) or
 ``RUN/adapter/merged`` (the merged model, ``model.merge_adapter=true``). Their ``seqaware_inputs.json``
@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from data_modules.tasks.coherence import coherence_instances  # noqa: E402

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Cache detector region features for every step image of procedures JSONL files (VisualBERT inputs).
 
-    python scripts/extract_features.py data/prepared/ --out cache/regions --weights frcnn_r50_fpn_coco.pth
-    python scripts/extract_features.py train.jsonl val.jsonl --out cache/regions --weights random \\
+    python scripts/tools/extract_features.py data/prepared/ --out cache/regions --weights frcnn_r50_fpn_coco.pth
+    python scripts/tools/extract_features.py train.jsonl val.jsonl --out cache/regions --weights random \\
         --box-score-thresh 0 --min-size 320            # random weights: plumbing checks only
 
 For each image: the top ``--num-boxes`` detections of a torchvision Faster R-CNN (ResNet-50 FPN),
@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data_modules.images import ImageLoadError, open_rgb  # noqa: E402
 from seqaware.encoders.regions import RegionFeatureCache  # noqa: E402

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Convert a raw dataset release into procedures JSONL (+ images, + task instances) and summarise it.
 
-    python scripts/prepare_data.py rfg --src ../shared/data/rfg/r-100 --out data/rfg --tasks teo
-    python scripts/prepare_data.py catbench --src ../shared/data/catbench/test_questions_sample.jsonl --out data/catbench
-    python scripts/prepare_data.py wikihow --src /data/wikihow --out data/wikihow --option unreadable_image=skip
-    python scripts/prepare_data.py rfg --src R --out O --option split=random --option "fractions=[0.8,0.1,0.1]"
-    python scripts/prepare_data.py mateo --src M --out O --tasks teo,iso --task-option iso.label_by=dag
+    python scripts/tools/prepare_data.py rfg --src ../shared/data/rfg/r-100 --out data/rfg --tasks teo
+    python scripts/tools/prepare_data.py catbench --src ../shared/data/catbench/test_questions_sample.jsonl --out data/catbench
+    python scripts/tools/prepare_data.py wikihow --src /data/wikihow --out data/wikihow --option unreadable_image=skip
+    python scripts/tools/prepare_data.py rfg --src R --out O --option split=random --option "fractions=[0.8,0.1,0.1]"
+    python scripts/tools/prepare_data.py mateo --src M --out O --tasks teo,iso --task-option iso.label_by=dag
 
 Writes ``OUT/<split>.jsonl``, ``OUT/images/``, ``OUT/tasks/<task>.jsonl`` and ``OUT/conversion.json``
 (see data_modules/adapters/prepare.py), then prints the summary table: input records read,
@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data_modules.adapters import ADAPTERS  # noqa: E402
 from data_modules.adapters.common import AdapterOptionError  # noqa: E402

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Score a predictions JSONL file (written by train.py) and compare with random orders.
 
-    python scripts/score_predictions.py logs/order_baseline/runs/<run>/predictions_test.jsonl --random 5
-    python scripts/score_predictions.py PREDICTIONS --reference-selection wu2022   # Wu et al.'s multi-reference rule
+    python scripts/tools/score_predictions.py logs/order_baseline/runs/<run>/predictions_test.jsonl --random 5
+    python scripts/tools/score_predictions.py PREDICTIONS --reference-selection wu2022   # Wu et al.'s multi-reference rule
 
 Prints the corpus ordering metrics of the predictions (every sequencing metric against the selected reference,
 then PMR and tau against the authored one) and, with ``--random K``, the mean of the same metrics over K seeded
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from seqaware.metrics.ordering import (  # noqa: E402
     REFERENCE_SELECTIONS, corpus_order_metrics, order_keys, ranked_metrics)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Validate procedures JSONL files (or folders of them).
 
-    python scripts/validate_procedures.py data/prepared/train.jsonl data/prepared/val.jsonl
-    python scripts/validate_procedures.py data/prepared/          # every *.jsonl in the folder
+    python scripts/tools/validate_procedures.py data/prepared/train.jsonl data/prepared/val.jsonl
+    python scripts/tools/validate_procedures.py data/prepared/          # every *.jsonl in the folder
 
 Exits 0 when every record is valid; otherwise prints every problem as
 ``file:line: record id: field: reason`` on stderr and exits 1 (2 when a path does not exist).
@@ -21,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from seqaware.procedure import (  # noqa: E402
     Problem,

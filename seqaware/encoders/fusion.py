@@ -219,7 +219,7 @@ class SingleStreamEncoder(SequenceEncoder):
         """``pixels (N, 3, H, W)`` -> ``(feats (N, P, D[+7]), patch_mask (N, P) | None)``."""
         if self.visual is None:
             raise ValueError("this encoder reads precomputed visual features (visual: null): attach cached region "
-                             "features with data.collator.region_features=DIR (scripts/extract_features.py --out DIR) "
+                             "features with data.collator.region_features=DIR (scripts/tools/extract_features.py --out DIR) "
                              "or put them in the fusion input's 'visual_feats'")
         if self.regions is None:
             return self._backbone(self.visual, pixel_values, "tokens"), None

@@ -9,7 +9,7 @@ first token of every image is a whole-image feature, then up to R regions; ``geo
     :mod:`seqaware.encoders.visual`) inside given boxes with ``torchvision.ops.roi_align``.  The
     synthetic data records the exact object boxes of every image (collator ``max_boxes > 0``
     returns ``boxes``/``box_mask``), so no detector is needed there.
-(b) :class:`RegionFeatureCache` reads detector features that ``scripts/extract_features.py``
+(b) :class:`RegionFeatureCache` reads detector features that ``scripts/tools/extract_features.py``
     wrote (Faster R-CNN RoI box-head features, 1024-d, one file per image keyed by
     :func:`feature_key`) -- for real images, where running a detector in the training loop would
     cost seconds per image.  ``data.collator.region_features=DIR`` makes the collator attach them
@@ -97,7 +97,7 @@ def feature_key(image_path: str | Path) -> str:
 
 
 class RegionFeatureCache:
-    """Reads the per-image detector features written by ``scripts/extract_features.py``.
+    """Reads the per-image detector features written by ``scripts/tools/extract_features.py``.
 
     Each file ``<cache_dir>/<feature_key(path)>.pt`` holds ``path``, ``image_feature (D,)``,
     ``features (K, D)``, ``boxes (K, 4)`` normalised, ``scores (K,)`` and ``image_size (w, h)``.
@@ -124,7 +124,7 @@ class RegionFeatureCache:
                     first = next((e.path for e in entries if e.name.endswith(".pt")), None)
             if first is None:
                 raise FileNotFoundError(f"no cached region features in {self.cache_dir}; run python "
-                                        f"scripts/extract_features.py PROCEDURES.jsonl... --out {self.cache_dir} "
+                                        f"scripts/tools/extract_features.py PROCEDURES.jsonl... --out {self.cache_dir} "
                                         f"--weights DETECTOR.pth")
             record = torch.load(first, map_location="cpu", weights_only=True)
             self._dim = int(record["image_feature"].shape[-1])
@@ -135,13 +135,13 @@ class RegionFeatureCache:
         f = self.file(image_path)
         if not f.is_file():
             raise FileNotFoundError(f"no cached region features for image {image_path} (expected {f}); run "
-                                    f"python scripts/extract_features.py PROCEDURES.jsonl... --out {self.cache_dir} "
+                                    f"python scripts/tools/extract_features.py PROCEDURES.jsonl... --out {self.cache_dir} "
                                     f"--weights DETECTOR.pth over the procedures that use this image")
         try:
             record = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as err:  # truncated / foreign file: name it (torch's message does not)
             raise ValueError(f"{f}: cached region features of {image_path} cannot be read ({err}); delete the file "
-                             f"and rerun scripts/extract_features.py") from err
+                             f"and rerun scripts/tools/extract_features.py") from err
         for key in ("image_feature", "features", "boxes"):
             if key not in record:
                 raise ValueError(f"{f}: cached region features of {image_path} lack field {key!r}")

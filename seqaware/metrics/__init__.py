@@ -2,7 +2,7 @@
 per-class and yes/no scores, baselines, tables), and the ISO/TEO/COHERENCE task metrics.
 
 The sequencing task's metrics are one declared list, :data:`~seqaware.metrics.ordering.SEQUENCING_METRICS`,
-that the logged metrics, the per-category reports, ``scripts/score_predictions.py`` and the ``joint``
+that the logged metrics, the per-category reports, ``scripts/tools/score_predictions.py`` and the ``joint``
 reference-selection rule (each entry says whether it ranks on it) read; the prompted tasks' tables have their
 columns in ``TEO_COLUMNS``, ``ISO_COLUMNS`` and ``COHERENCE_COLUMNS``.  The ordering metrics are re-exported
 here; the other modules are imported by name (``seqaware.metrics.classification``, ``seqaware.metrics.iso`` etc.).

@@ -6,7 +6,7 @@ prediction and a reference must hold the same items, each exactly once; anything
 
 Per-instance metrics (:func:`order_metrics`): one declared list, :data:`SEQUENCING_METRICS`, which the
 corpus scores, the logged ``val/`` and ``test/`` metrics, the per-category reports (:mod:`seqaware.reports`, the
-W&B category table), ``scripts/score_predictions.py`` and the ``joint`` reference-selection rule all read, so a
+W&B category table), ``scripts/tools/score_predictions.py`` and the ``joint`` reference-selection rule all read, so a
 new metric is one entry there.  Built in, with ``n`` items, ``pred`` the predicted and ``gold`` the reference
 order:
 

@@ -29,7 +29,7 @@ Randomness of the corruption (``generator_scope``)
     device -- a 2-rank DDP step equals the 1-process step on the same global batch (tested), and a
     run resumed on another number of GPUs sees the same corruption.  This costs a Python loop over
     the samples of the corruption (the encoder still runs batched): measured on an H100 at the
-    paper size, batch 32 bf16, 294 vs 218 ms per step (scripts/bench_pretrain.py).
+    paper size, batch 32 bf16, 294 vs 218 ms per step (scripts/bench/bench_pretrain.py).
 
 Evaluation (validation / test)
     Always seeded per sample, by ``"eval"`` instead of the step, whatever ``generator_scope``: every

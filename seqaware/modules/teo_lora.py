@@ -22,7 +22,7 @@ on the answer tokens only (the data module puts ``-100`` everywhere else).
   folder's ``adapter/``; loadable with ``PeftModel.from_pretrained``), from the best checkpoint of
   the monitored ``ModelCheckpoint`` when there is one, else from the final weights, with the processor
   and ``seqaware_inputs.json`` (the tiling, the training prompt, the base model), so that
-  ``scripts/eval_teo.py --model <adapter_dir>`` builds the inputs training built. With
+  ``scripts/tools/eval_teo.py --model <adapter_dir>`` builds the inputs training built. With
   ``merge_adapter: true`` the merged full model (+ processor + record) also goes to ``adapter_dir/merged``.
   With no ``lora`` part there is no adapter: the trained model is saved whole to ``adapter_dir``.
 """

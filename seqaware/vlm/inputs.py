@@ -15,10 +15,10 @@ section 5.4 and Table 6 say nothing of it either).
 
 :func:`tiling_kwargs` is the one place that turns the value into processor arguments: the training
 collator (:class:`data_modules.teo_pairs.TeoChatCollator`, so also the in-training validation and test)
-and the prompting runner (:class:`seqaware.vlm.runner.HFGenerator`, ``scripts/eval_teo.py``) both pass it
+and the prompting runner (:class:`seqaware.vlm.runner.HFGenerator`, ``scripts/tools/eval_teo.py``) both pass it
 on every call. A trained model carries the value: :func:`write_record` puts ``seqaware_inputs.json`` (tiles,
 training prompt, base model) beside the saved adapter and the merged model, :func:`apply_tiling` makes the
-processor saved with them tile the same way by default, and ``scripts/eval_teo.py`` given such a folder
+processor saved with them tile the same way by default, and ``scripts/tools/eval_teo.py`` given such a folder
 reads the record (:func:`read_record`).
 """
 from __future__ import annotations

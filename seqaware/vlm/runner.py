@@ -18,7 +18,7 @@ replies here, parse them (:mod:`seqaware.vlm.parser`) and score them (:mod:`seqa
 
 The prompt hash covers the chat messages *and* a generation signature (model name and decoding
 settings), so changing the model, a template or ``max_new_tokens`` never reuses stale replies.
-This module never imports ``data_modules``: the caller builds pairs/instances (``scripts/eval_teo.py``).
+This module never imports ``data_modules``: the caller builds pairs/instances (``scripts/tools/eval_teo.py``).
 """
 from __future__ import annotations
 

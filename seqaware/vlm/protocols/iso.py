@@ -42,7 +42,7 @@ def evaluate_iso(instances: Sequence[Mapping[str, Any]], generate: GenerateFn, c
     unparsable replies left out of the scores (``unparsable="exclude"``; ``"wrong"`` counts them as
     errors). ``rows`` and ``by_task`` follow ``unparsable``; ``rows_by_unparsable`` holds the rows under
     both rules and the printed ``table`` shows both (some published Table 1 rows can only come from
-    counting unparsable replies wrong: ``scripts/paper_tables.py --iso`` says which). The limit is applied by setting ``generate.max_new_tokens`` for the duration of the
+    counting unparsable replies wrong: ``scripts/studies/paper_tables.py --iso`` says which). The limit is applied by setting ``generate.max_new_tokens`` for the duration of the
     call when the generator has that attribute (:class:`~seqaware.vlm.runner.HFGenerator`); any other callable must
     honour it itself. The limit is part of every prompt hash. ``by_task`` holds the model's scores
     on the ``before`` and ``after`` questions separately (as in ISO-Bench Figure 3).
