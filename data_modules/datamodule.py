@@ -71,6 +71,8 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         train_subset: keep ``k`` training procedures (label-efficiency runs, ``scripts/studies/label_efficiency.py``):
             the first ``k`` of one permutation of the training split drawn from ``seed``, in their file
             order, so the subsets of one seed are nested (k = 8 lies inside k = 32). None: all of them.
+        train_subset_seed: the seed of that permutation (default: ``seed``): one labelled set for runs of several
+            seeds, which then differ only in their initialisation and batch order.
     """
 
     def __init__(self, source: Callable[[], dict[str, list[Procedure]]], task: str = "sequencing",
@@ -81,7 +83,8 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
                  allow_outside_images: bool = False, verify_images: bool = True, image_check_cache: str | None = None,
                  bucket_by_length: bool = False, bucket_factor: int = 50,
                  extra_train_paths: Sequence[str] | None = None, reshuffle_train: bool = True,
-                 train_subset: int | None = None, batch_tokens: int | None = None, batch_tokens_count: str = "joint"):
+                 train_subset: int | None = None,
+                 train_subset_seed: int | None = None, batch_tokens: int | None = None, batch_tokens_count: str = "joint"):
         super().__init__()
         if batch_tokens is not None and (isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int)
                                          or batch_tokens < 1):
@@ -97,6 +100,7 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
             raise ValueError(f"data.train_subset must be a positive number of training procedures or null, "
                              f"got {train_subset!r}")
         self.train_subset = train_subset
+        self.train_subset_seed = train_subset_seed
         self.view_class = VIEWS.lookup(task, "data.task")
         self.source = source
         self.task = task
@@ -206,9 +210,10 @@ class ProcedureDataModule(SplitLoaders, pl.LightningDataModule):
         if k > len(procedures):
             raise ValueError(f"data.train_subset={k}: {self.describe_split('train')} has only {len(procedures)} "
                              "training procedures")
-        generator = torch.Generator().manual_seed(int(self.seed))
+        seed = self.seed if self.train_subset_seed is None else self.train_subset_seed
+        generator = torch.Generator().manual_seed(int(seed))
         keep = sorted(torch.randperm(len(procedures), generator=generator)[:k].tolist())
-        log.info("data.train_subset=%d: %d of the %d training procedures (seed %d)", k, k, len(procedures), self.seed)
+        log.info("data.train_subset=%d: %d of the %d training procedures (seed %d)", k, k, len(procedures), seed)
         return [procedures[i] for i in keep]
 
     def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:

@@ -24,8 +24,8 @@ def procedures(n: int) -> list[Procedure]:
                       split="train") for i in range(n)]
 
 
-def subset_ids(k: int, seed: int, n: int = 40) -> list[str]:
-    dm = ProcedureDataModule(lambda: {}, tokenizer=None, seed=seed, train_subset=k)
+def subset_ids(k: int, seed: int, n: int = 40, subset_seed: int | None = None) -> list[str]:
+    dm = ProcedureDataModule(lambda: {}, tokenizer=None, seed=seed, train_subset=k, train_subset_seed=subset_seed)
     return [p.id for p in dm._subset(procedures(n))]
 
 
@@ -35,6 +35,11 @@ def test_train_subset_is_seeded_nested_and_in_file_order():
     assert set(small) <= set(large)                       # nested across k for one seed
     assert large == sorted(large, key=lambda x: int(x[1:]))  # file order kept
     assert subset_ids(8, 1) == small and subset_ids(8, 2) != small  # seeded: the same again, another seed another
+
+
+def test_train_subset_seed_holds_the_labelled_set_across_seeds():
+    assert subset_ids(8, 2, subset_seed=1) == subset_ids(8, 5, subset_seed=1) == subset_ids(8, 1)
+    assert subset_ids(8, 2, subset_seed=None) == subset_ids(8, 2) != subset_ids(8, 2, subset_seed=1)
 
 
 def test_train_subset_errors_name_the_key():
