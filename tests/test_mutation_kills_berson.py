@@ -3,6 +3,7 @@ each case is computed by hand from the decoder's own parts on a small instance."
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -96,6 +97,16 @@ def test_a_hidden_size_the_heads_do_not_divide_is_refused():
     with pytest.raises(ValueError) as err:
         BersonDecoder(10, paragraph_heads=4)
     assert str(err.value) == "hidden size 10 is not divisible by paragraph_heads=4"
+
+
+@pytest.mark.parametrize("variant", ["ours", "paper"])
+def test_building_the_decoder_warns_nothing(variant):
+    """PyTorch's pre-norm encoder cannot use nested tensors; asking for them (its default) warns at every model
+    build that the request is ignored."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        decoder(variant=variant)
+    assert [str(w.message) for w in caught] == []
 
 
 # ---------------------------------------------------------------------------------------------- BertSum layer
