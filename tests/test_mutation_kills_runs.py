@@ -3,6 +3,7 @@ best-checkpoint tracking left after tracked checkpoints are lost, which callback
 the rewrite of Hydra's saved config."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -65,6 +66,33 @@ def test_losing_every_tracked_checkpoint_empties_the_tracking():
                                   "last_model_path")} == {
         "best_k_models": {}, "best_model_path": "", "best_model_score": None, "kth_best_model_path": "",
         "last_model_path": ""}
+
+
+# ---------------------------------------------------------------------------------------------- rehome_checkpoint
+def test_resuming_a_best_checkpoint_whose_runs_last_checkpoint_is_gone_drops_that_last_checkpoint(tmp_path, caplog):
+    """ckpt_path=<run>/checkpoints/best.ckpt, its run's last.ckpt deleted: that last.ckpt is found nowhere, so it
+    is named as lost and dropped (last_model_path ""), although the new folder's last.ckpt is written under the same
+    name; only the file being resumed counts as written there."""
+    old, new_ck = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
+    old.mkdir(parents=True)
+    best, lost = old / "best.ckpt", old / "last.ckpt"
+    state = {"dirpath": str(old), "monitor": "val/acc", "best_model_score": 0.9, "best_model_path": str(best),
+             "kth_best_model_path": str(best), "kth_value": 0.9, "last_model_path": str(lost),
+             "best_k_models": {str(best): 0.9}}
+    torch.save({"global_step": 4, "callbacks": {KEY: state}}, best)
+    with caplog.at_level(logging.WARNING, logger="seqaware.runs"):
+        resumed = runs.rehome_checkpoint(best, [SimpleNamespace(state_key=KEY, dirpath=str(new_ck), mode="max")],
+                                         tmp_path / "b")
+    assert resumed == str(new_ck / "last.ckpt")
+    assert sorted(p.name for p in new_ck.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{best}: the checkpoint(s) {[str(lost)]} that {KEY} tracked (best_model_path, best_k_models) are neither "
+        f"where the run left them, nor beside it, nor in {new_ck}: 'best' now ranks only what is left and what this "
+        f"run saves from here on, and the test may use a later checkpoint. Copy them into {new_ck} to keep them"]
+    assert torch.load(resumed, weights_only=True)["callbacks"][KEY] == {
+        "dirpath": str(new_ck), "monitor": "val/acc", "best_model_score": 0.9,
+        "best_model_path": str(new_ck / "best.ckpt"), "kth_best_model_path": str(new_ck / "best.ckpt"),
+        "kth_value": 0.9, "last_model_path": "", "best_k_models": {str(new_ck / "best.ckpt"): 0.9}}
 
 
 # ---------------------------------------------------------------------------------------------- checkpoint_to_test
