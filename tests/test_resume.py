@@ -371,6 +371,7 @@ def test_a_new_folder_from_another_runs_checkpoint_tests_that_runs_best_and_says
     source = tmp_path / "a" / "checkpoints"
     best = source / "best_epoch_000.ckpt"
     caplog.set_level(logging.INFO, logger="seqaware.train")
+    caplog.clear()   # the first run's own "testing ..." is captured too once seqaware.train logs INFO (after test_launch)
     train.run(_short(compose_train, *frozen, "train=false", f"ckpt_path={source / 'last.ckpt'}",
                      f"paths.output_dir={tmp_path / 'c'}"))
     assert runs.read_state(tmp_path / "c")["tested_checkpoint"] == str(best)
