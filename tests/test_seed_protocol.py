@@ -51,11 +51,12 @@ def test_n_and_y_of_one_seed_start_from_the_same_draw_of_every_layer_neither_pre
     assert any(name.startswith("decoder.") for name in fresh) and any(name.startswith("pair_states.") for name in fresh)
     for name in fresh:   # the BERSON network and the pair module: one draw for both arms
         torch.testing.assert_close(y.state_dict()[name], n.state_dict()[name], rtol=0, atol=0, msg=name)
-    # the encoder: from encoder.pt, but for the step embedding, which berson_finetune draws itself
-    # (model.encoder.ckpt_new_layers=order): N's draw, like the layers neither pretrained
-    assert "step_embedding.weight" in pretrained
+    # the encoder: its towers from encoder.pt; the layers it adds, which berson_finetune draws itself
+    # (model.encoder.ckpt_new_layers=fresh), are N's draw, like the layers neither pretrained
+    added = ("step_embedding.", "visual_proj.", "visual_norm.")
+    assert any(name.startswith(added) for name in pretrained) and any(not name.startswith(added) for name in pretrained)
     for name, value in y.encoder.state_dict().items():
-        expected = n.encoder.state_dict()[name] if name.startswith("step_embedding.") else pretrained[name]
+        expected = n.encoder.state_dict()[name] if name.startswith(added) else pretrained[name]
         torch.testing.assert_close(value, expected, rtol=0, atol=0, msg=name)
     # and another seed draws the fresh layers anew
     other = _build(compose_train, "seed=4")

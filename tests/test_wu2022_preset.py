@@ -255,4 +255,4 @@ def test_the_pretraining_and_fine_tuning_defaults_and_what_wu2022_keeps_of_them(
         assert compose_train(f"experiment={experiment}", "hparams=wu2022").model.head_lr is None
     m = compose_train("experiment=clip_image_pretrain").model
     assert (m.optimizer.lr, m.head_lr) == (1e-4, None)
-    assert compose_train("experiment=berson_finetune").model.encoder.ckpt_new_layers == "order"
+    assert compose_train("experiment=berson_finetune").model.encoder.ckpt_new_layers == "fresh"

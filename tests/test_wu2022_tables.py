@@ -116,7 +116,7 @@ def test_text_rows_pretrain_the_encoder_their_fine_tuning_loads(tmp_path, monkey
         same = {k for k in set(a) | set(b) if k not in ("step_init_std", "visual", "ckpt_new_layers")}
         assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}
     assert ft["modality"] == "text" and ft["step_embedding"] is True and roc_ft["name"] == "text"
-    assert (pre["ckpt_new_layers"], ft["ckpt_new_layers"]) == ("keep", "order")   # a fresh step embedding
+    assert (pre["ckpt_new_layers"], ft["ckpt_new_layers"]) == ("keep", "fresh")   # the added layers drawn afresh
     assert calls[0][1][0] == "experiment=clipvil_pretrain" and calls[2][1][0] == "experiment=roberta_pretrain"
 
 
