@@ -89,6 +89,7 @@ def test_the_token_budget_line_reports_batches_per_epoch_and_per_process_mean_si
     dm.setup("fit")
     dm.trainer = SimpleNamespace(world_size=2, global_rank=0)
     with caplog.at_level(logging.INFO, logger="data_modules.datamodule"):
+        caplog.clear()   # setup's own "data: ..." line is captured too when another test left this logger at INFO
         dm.train_dataloader()
     assert caplog.messages == ["data.batch_tokens=12 (joint tokens): 4 batches an epoch (2 per process) of 2.0 "
                                "training instances on average, 41.7% of the budget unused"]
