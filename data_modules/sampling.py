@@ -14,7 +14,8 @@ similar length, or :class:`TokenBudgetBatchSampler` for batches of a token budge
 * a run resumed mid-epoch skips the batches it trained on: the ``Preemption`` callback wraps a plain
   loader's sampler, and calls ``skip_batches`` of the batch samplers here.  Lightning sets the epoch on a
   loader's ``sampler`` and on its batch sampler's ``sampler`` only, so the batch samplers here take it through
-  a ``sampler`` attribute of their own (without it, every epoch of a length-bucketed run was epoch 0's).  Evaluation records are gathered and de-duplicated by id afterwards
+  a ``sampler`` attribute of their own (without it, every epoch of a length-bucketed run was epoch 0's).
+  Evaluation records are gathered and de-duplicated by id afterwards
   (:class:`seqaware.modules.base.GatheredEvalMixin`), so the padding never counts twice.
 
 Lightning's own sampler replacement is off (``trainer.use_distributed_sampler: false``) because

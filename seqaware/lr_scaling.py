@@ -69,10 +69,11 @@ def instances_per_step(trainer: Any) -> float:
 
 def scale_learning_rates(scaling: Optional[dict], trainer: Any, opt_cfg: dict, groups: list[dict]) -> float:
     """Multiply ``opt_cfg["lr"]`` and every group's own ``lr`` in place by :func:`lr_factor` for this fit; returns
-    the factor (1.0, nothing touched, without ``scaling``)."""
+    the factor (1.0, nothing touched, without ``scaling``).  ``trainer``: the fit's trainer, or a function that
+    returns it, called only with ``scaling`` (a module stepped by hand outside a fit has no trainer)."""
     if check_scaling(scaling) is None:
         return 1.0
-    per_step = instances_per_step(trainer)
+    per_step = instances_per_step(trainer() if callable(trainer) else trainer)
     factor = lr_factor(scaling, per_step)
     opt_cfg["lr"] = float(opt_cfg["lr"]) * factor
     for group in groups:

@@ -237,9 +237,7 @@ class SeqawareModule(FiniteGuard, pl.LightningModule):
         # parameter groups hold tensors: call the class directly rather than through instantiate()
         groups = self.param_groups()
         # model.lr_scaling: every lr for this fit's instances per step against the recipe's (seqaware/lr_scaling.py)
-        # (a module outside a fit, e.g. stepped by hand, has no trainer: nothing to scale without the key)
-        if self.hparams.get("lr_scaling") is not None:
-            scale_learning_rates(self.hparams.lr_scaling, self.trainer, opt_cfg, groups)
+        scale_learning_rates(self.hparams.get("lr_scaling"), lambda: self.trainer, opt_cfg, groups)
         self.master_weights = None
         if self._half_precision() and any(p.dtype in HALF_DTYPES for g in groups for p in g["params"]):
             self.master_weights, groups = MasterWeights.for_param_groups(groups, self._master_sources)
