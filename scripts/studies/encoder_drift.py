@@ -9,7 +9,7 @@ weight is compared with ``encoder.pt``: the relative change ``||W_Y - W_N|| / ||
 embedding matrix on its own (the word embeddings are the MLM decoder when ``tie_lm_head``), each transformer
 layer, the visual tower, the rest. One markdown table per run and one ``ENCODER_DRIFT_JSON {...}`` line.
 A diagnostic of issue #52 (why Y <= N): a part that moved far more than the others is where pretraining
-rewrote what the backbone knew (docs/results/label_efficiency.md).
+rewrote what the backbone knew (docs/results/archive/label_efficiency.md, "Why Y <= N").
 """
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ WORLDS: dict[str, World] = {
 PRETRAIN_COMMON = ("data.view.max_steps=5", "data.view.min_steps=5")
 """Pretraining sequences are whole procedures (up to 5 steps), as the joint fine-tuning encodes them. Measured:
 an encoder pretrained on the experiments' default 2-step sub-sequences and fine-tuned with one pass over the
-whole procedure fell far below N (docs/results/label_efficiency.md, "Calibration")."""
+whole procedure fell far below N (docs/results/archive/label_efficiency.md, "Calibration")."""
 FINETUNE_COMMON = ("model.pair_encoding=joint", "trainer.limit_val_batches=0", "trainer.max_epochs=-1",
                    "trainer.limit_train_batches=null", "trainer.num_sanity_val_steps=0")
 

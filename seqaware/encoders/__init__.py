@@ -59,11 +59,12 @@ def create_encoder(name: str, ckpt: Optional[str] = None, visual_ckpt: Optional[
     in (:data:`ORDER_LAYERS`: the step embedding, where the encoder has one), the others kept; or a list of
     their names (``[step_embedding]``) drawn fresh, the others kept.
 
-    Why ``order`` (the fine-tuning experiments' default): pretraining presents every sequence in its authored
-    order, so a pretrained step embedding has learnt "the k-th step presented is the k-th step done"; an ordering
-    fine-tune presents the steps shuffled, and that embedding then points at the presented order.  Measured on
-    the default world (joint encoding, k = 8, 40 steps of 4, seeds 1-5): the kept one left test PMR at 44.2 +-
-    21.1 against N's 75.3 +- 4.8, a fresh one at 79.5 (docs/results/label_efficiency.md).
+    Why not ``keep``: pretraining presents every sequence in its authored order, so a pretrained step embedding
+    has learnt "the k-th step presented is the k-th step done"; an ordering fine-tune presents the steps
+    shuffled.  ``berson_finetune`` takes ``fresh`` (every added layer this run's draw): over 5 seeds with one
+    pretraining each, level with N on the default world at k = 8 and on the hard world with all labels, where
+    ``order`` lost 16.5 and 2.5 PMR points; ``order`` wins on the hard world at k = 8
+    (docs/results/label_efficiency.md).
     """
     encoder = ENCODERS.lookup(name, "model.encoder.name")(**cfg)
     if visual_ckpt:
