@@ -134,7 +134,10 @@ def test_wu2022_berson_finetune_one_lr_and_the_authors_reference_rule(compose_tr
     assert cfg.model.optimizer.lr == 5e-6 and cfg.model.head_lr is None
     # Wu et al. fine-tune BERSON's head as released, not seqaware's
     assert cfg.model.decoder.variant == "paper" and model.decoder.variant == "paper"
-    assert compose_train("experiment=berson_finetune", *TINY_EXTRA["berson_finetune"]).model.decoder.variant == "ours"
+    plain = compose_train("experiment=berson_finetune", *TINY_EXTRA["berson_finetune"])
+    assert plain.model.decoder.variant == "ours"
+    # Wu et al. fine-tune every pretrained layer; seqaware draws the layers it adds afresh
+    assert (cfg.model.encoder.ckpt_new_layers, plain.model.encoder.ckpt_new_layers) == ("keep", "fresh")
     pre = compose_train("experiment=clipvil_pretrain", "hparams=wu2022")
     assert pre.model.optimizer.lr == 1e-5 and pre.model.head_lr is None   # Table 11: one lr for pretraining too
     assert model.test_metrics.reference_selection == "wu2022"
