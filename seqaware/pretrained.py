@@ -18,6 +18,7 @@ import difflib
 import os
 import socket
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,8 +50,20 @@ def resolve_name(name_or_path: str, config_key: str = "name_or_path") -> str:
     return str(name_or_path)
 
 
+def endpoint_address(endpoint: str) -> tuple[str, int]:
+    """The (host, port) a hub endpoint URL (``HF_ENDPOINT``) is served at: its explicit port, else 80 for
+    ``http://`` and 443 otherwise (a bare ``host[:port]`` is taken as https); IPv6 literals in brackets."""
+    parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    try:
+        explicit = parts.port
+    except ValueError:  # a port that is not a number: the default one, the probe then tells
+        explicit = None
+    return parts.hostname or "", explicit or (80 if parts.scheme == "http" else 443)
+
+
 def hub_reachable(host: str = "huggingface.co", port: int = 443, timeout: float = 3.0) -> bool:
-    """A quick TCP probe of the hub: never retries, returns within about ``timeout`` seconds.
+    """A quick TCP probe of the hub (of ``HF_ENDPOINT``'s host and port when it is set: :func:`endpoint_address`):
+    never retries, returns within about ``timeout`` seconds.
 
     Name resolution can block far longer than a socket timeout, so the probe runs in a daemon
     thread and is abandoned when the deadline passes.
@@ -59,7 +72,7 @@ def hub_reachable(host: str = "huggingface.co", port: int = 443, timeout: float 
         return False
     endpoint = os.environ.get("HF_ENDPOINT")
     if endpoint:
-        host = endpoint.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0]
+        host, port = endpoint_address(endpoint)
     result: list[bool] = []
 
     def probe() -> None:

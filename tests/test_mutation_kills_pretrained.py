@@ -57,16 +57,21 @@ def test_the_probe_connects_to_the_hubs_https_port_within_its_timeout(connection
     assert connections[-1] == (("example.org", 8443), 0.5)
 
 
-@pytest.mark.parametrize("endpoint, host", [
-    ("https://hf-mirror.example.org", "hf-mirror.example.org"),
-    ("https://hf-mirror.example.org:8443/api/models", "hf-mirror.example.org"),
-    ("http://mirror.example/api/v2", "mirror.example"),
-    ("https://proxy.example/fetch?url=https://huggingface.co", "proxy.example"),
-    ("mirror.example:8443", "mirror.example"),                     # no scheme
+@pytest.mark.parametrize("endpoint, address", [
+    ("https://hf-mirror.example.org", ("hf-mirror.example.org", 443)),
+    ("https://hf-mirror.example.org:8443/api/models", ("hf-mirror.example.org", 8443)),
+    ("http://mirror.example/api/v2", ("mirror.example", 80)),       # plain http: its own default port
+    ("http://mirror.example:8080", ("mirror.example", 8080)),
+    ("https://proxy.example/fetch?url=https://huggingface.co:444", ("proxy.example", 443)),
+    ("mirror.example:8443", ("mirror.example", 8443)),              # no scheme: https
+    ("http://[::1]:8080/", ("::1", 8080)),                           # an IPv6 literal
+    ("https://mirror.example:port", ("mirror.example", 443)),       # no number: the default port
 ])
-def test_the_probe_asks_hf_endpoints_host(connections, monkeypatch, endpoint, host):
+def test_the_probe_asks_hf_endpoints_host_and_port(connections, monkeypatch, endpoint, address):
+    """A mirror served on another port than 443 (``HF_ENDPOINT=http://mirror:8080``) is probed there, not
+    reported unreachable."""
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    assert hub_reachable() is True and connections == [((host, 443), 3.0)]
+    assert hub_reachable() is True and connections == [(address, 3.0)]
 
 
 @pytest.mark.parametrize("value", ["1", "true", "TRUE", "yes", "Yes"])
