@@ -9,7 +9,7 @@ import torch
 
 import train
 from conftest import TINY_BERT
-from seqaware.metrics.seeds import interval95, mean_std, seed_matched_gap
+from seqaware.metrics.seeds import interval95, mean_std, seed_matched_gap, std_interval95
 
 TINY_BERT_CFG = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                  "intermediate_size": 64, "vocab_size": 30522, "max_position_embeddings": 128}
@@ -31,6 +31,21 @@ def test_the_gap_interval_is_students_t_over_the_matched_seeds():
     assert all(math.isnan(v) for v in interval95([1.0]))
     with pytest.raises(ValueError, match=r"no seed in common: Y has \[1\], N has \[2\]"):
         seed_matched_gap({1: 1.0}, {2: 1.0})
+
+
+def test_the_std_interval_is_chi_square_with_n_minus_1_degrees_of_freedom():
+    # 5 values of sample std 1: chi2(0.975, 4) = 11.143287, chi2(0.025, 4) = 0.484419 (tables of the chi-square
+    # quantiles) -> [sqrt(4 / 11.143287), sqrt(4 / 0.484419)] = [0.59913, 2.87356]
+    values = [-1.0, -0.5, 0.0, 0.5, 1.0]
+    scale = 1.0 / mean_std(values)[1]
+    low, high = std_interval95([v * scale for v in values])
+    assert (low, high) == (pytest.approx(0.59913, abs=1e-5), pytest.approx(2.87356, abs=1e-5))
+    # 15 values: chi2(0.975, 14) = 26.118948, chi2(0.025, 14) = 5.628726
+    low, high = std_interval95([float(v) for v in range(15)])
+    std = mean_std([float(v) for v in range(15)])[1]
+    assert low == pytest.approx(std * math.sqrt(14 / 26.118948), rel=1e-5)
+    assert high == pytest.approx(std * math.sqrt(14 / 5.628726), rel=1e-5)
+    assert all(math.isnan(v) for v in std_interval95([3.0]))
 
 
 def _build(compose_train, *extra: str):
