@@ -178,6 +178,34 @@ def test_each_seed_pretrains_its_own_encoder_and_its_y_fine_tunes_from_it(monkey
     assert "Pretraining (Y), one run per seed S: `experiment=clipvil_pretrain" in capsys.readouterr().out
 
 
+def test_a_relative_and_an_absolute_out_name_the_same_runs(monkeypatch, tmp_path):
+    """Y's encoder path is absolute, so the runs made with ``--out logs/x`` are reused by ``--out /abs/logs/x``
+    (the reuse check compares override lists: a relative path there stopped the second command)."""
+    calls = []
+
+    def fake_train(overrides, run_dir, log_name):
+        calls.append((log_name, overrides))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / ".hydra").mkdir()
+        (run_dir / ".hydra" / "overrides.yaml").write_text(json.dumps(overrides))
+        if log_name == "pretrain.log":
+            (run_dir / "encoder.pt").write_bytes(b"")
+            (run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
+        else:
+            (run_dir / "test_metrics.json").write_text(json.dumps({"test/pmr": 0.5, "test/acc": 0.6, "test/tau": 0.1}))
+
+    monkeypatch.setattr(le, "_train", fake_train)
+    monkeypatch.setattr(le, "check_no_leak", lambda pre, ft: 3)
+    monkeypatch.setattr(le, "machine", lambda: "cpu")
+    monkeypatch.chdir(tmp_path)
+    assert le.main(["--world", "hard", "--ks", "8", "--seeds", "1", "--out", "o"]) == 0
+    ckpt = [o for log, overrides in calls if log == "Y.log" for o in overrides if o.startswith("model.encoder.ckpt=")]
+    assert ckpt == [f"model.encoder.ckpt={tmp_path / 'o/hard/pretrain-mlm_sop_smrm/seed1/encoder.pt'}"]
+    made = len(calls)
+    assert le.main(["--world", "hard", "--ks", "8", "--seeds", "1", "--out", str(tmp_path / "o")]) == 0
+    assert len(calls) == made   # every run reused
+
+
 def test_worlds_use_the_same_budget_for_n_and_y_and_keep_the_test_split_out_of_pretraining():
     for name, world in le.WORLDS.items():
         pre = le.pretrain_overrides(world, world.objectives, 10, 2, [])

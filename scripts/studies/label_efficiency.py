@@ -285,7 +285,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     objectives = args.objectives or world.objectives
     budget = (args.pretrain_steps or world.pretrain_steps, args.pretrain_batch_size or world.pretrain_batch_size)
     extra_pre = [*extra, *args.pretrain_override]
-    out = args.out / args.world
+    # absolute, so Y's model.encoder.ckpt override (and the reuse check that compares override lists) is the
+    # same whether --out was given relative or absolute
+    out = args.out.resolve() / args.world
     pre_root = out / f"pretrain-{objectives.strip('[]').replace(',', '_')}"
     started = time.time()
     pretrained = "Y" in args.arms
