@@ -145,13 +145,16 @@ def test_a_curve_without_y_reports_no_pretraining_and_writes_pages_only_when_ask
     assert sorted(p.name for p in (tmp_path / "pages").iterdir()) == ["hard.md", "hard.png"]
 
 
-def test_each_seed_pretrains_its_own_encoder_and_its_y_fine_tunes_from_it(monkeypatch, tmp_path, capsys):
-    """A pretraining is a draw of its own: seed S pretrains with seed=S, and Y of seed S loads that encoder."""
+def _fake_runs(monkeypatch) -> list:
+    """Replace every train.py run of the script by a folder holding what a finished run leaves (the overrides,
+    ``encoder.pt`` and a finished ``run.json`` for a pretraining, ``test_metrics.json`` for a fine-tuning);
+    returns the list each run is appended to as ``(log_name, run_dir, overrides)``."""
     calls = []
 
     def fake_train(overrides, run_dir, log_name):
         calls.append((log_name, run_dir, overrides))
-        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / ".hydra").mkdir(parents=True)
+        (run_dir / ".hydra" / "overrides.yaml").write_text(json.dumps(overrides))
         if log_name == "pretrain.log":
             (run_dir / "encoder.pt").write_bytes(b"")
             (run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
@@ -161,6 +164,12 @@ def test_each_seed_pretrains_its_own_encoder_and_its_y_fine_tunes_from_it(monkey
     monkeypatch.setattr(le, "_train", fake_train)
     monkeypatch.setattr(le, "check_no_leak", lambda pre, ft: 3)
     monkeypatch.setattr(le, "machine", lambda: "cpu")
+    return calls
+
+
+def test_each_seed_pretrains_its_own_encoder_and_its_y_fine_tunes_from_it(monkeypatch, tmp_path, capsys):
+    """A pretraining is a draw of its own: seed S pretrains with seed=S, and Y of seed S loads that encoder."""
+    calls = _fake_runs(monkeypatch)
     out = tmp_path / "o"
     assert le.main(["--world", "hard", "--ks", "8", "32", "--seeds", "1", "2", "--out", str(out)]) == 0
     pre = out / "hard" / "pretrain-mlm_sop_smrm"
@@ -181,25 +190,10 @@ def test_each_seed_pretrains_its_own_encoder_and_its_y_fine_tunes_from_it(monkey
 def test_a_relative_and_an_absolute_out_name_the_same_runs(monkeypatch, tmp_path):
     """Y's encoder path is absolute, so the runs made with ``--out logs/x`` are reused by ``--out /abs/logs/x``
     (the reuse check compares override lists: a relative path there stopped the second command)."""
-    calls = []
-
-    def fake_train(overrides, run_dir, log_name):
-        calls.append((log_name, overrides))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / ".hydra").mkdir()
-        (run_dir / ".hydra" / "overrides.yaml").write_text(json.dumps(overrides))
-        if log_name == "pretrain.log":
-            (run_dir / "encoder.pt").write_bytes(b"")
-            (run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
-        else:
-            (run_dir / "test_metrics.json").write_text(json.dumps({"test/pmr": 0.5, "test/acc": 0.6, "test/tau": 0.1}))
-
-    monkeypatch.setattr(le, "_train", fake_train)
-    monkeypatch.setattr(le, "check_no_leak", lambda pre, ft: 3)
-    monkeypatch.setattr(le, "machine", lambda: "cpu")
+    calls = _fake_runs(monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert le.main(["--world", "hard", "--ks", "8", "--seeds", "1", "--out", "o"]) == 0
-    ckpt = [o for log, overrides in calls if log == "Y.log" for o in overrides if o.startswith("model.encoder.ckpt=")]
+    ckpt = [o for log, _, overrides in calls if log == "Y.log" for o in overrides if o.startswith("model.encoder.ckpt=")]
     assert ckpt == [f"model.encoder.ckpt={tmp_path / 'o/hard/pretrain-mlm_sop_smrm/seed1/encoder.pt'}"]
     made = len(calls)
     assert le.main(["--world", "hard", "--ks", "8", "--seeds", "1", "--out", str(tmp_path / "o")]) == 0
