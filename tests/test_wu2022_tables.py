@@ -120,6 +120,17 @@ def test_text_rows_pretrain_the_encoder_their_fine_tuning_loads(tmp_path, monkey
     assert calls[0][1][0] == "experiment=clipvil_pretrain" and calls[2][1][0] == "experiment=roberta_pretrain"
 
 
+def test_a_relative_and_an_absolute_out_name_the_same_runs(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tables, "_train", _fake_train(calls))
+    monkeypatch.chdir(tmp_path)
+    row = tables.ROW_BY_KEY["clipvil/Y"]
+    tables.run_row(row, 1, Path("o"), "synthetic_hard", [])
+    assert calls[1][1][-1] == f"model.encoder.ckpt={tmp_path / 'o/clipvil-Y/seed1/pretrain/encoder.pt'}"
+    tables.run_row(row, 1, tmp_path / "o", "synthetic_hard", [])
+    assert len(calls) == 2   # both runs reused
+
+
 @pytest.mark.slow  # four tiny train.py runs (two rows of two stages): about 40 s on 2 cores
 def test_tiny_tables_run_then_resume_without_training(tmp_path, cache_dir):
     out = tmp_path / "tables"

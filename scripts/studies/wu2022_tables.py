@@ -171,7 +171,9 @@ def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str],
     """The fine-tuned test metrics of ``row`` for ``seed`` (running what is missing).  ``budget``: the
     pretraining run's own overrides (:func:`pretrain_budget`, ``--pretrain-override``), before
     ``overrides``; ``finetune_only``: the fine-tuning run's own (``--finetune-override``), after them."""
-    base = out / row.key.replace("/", "-") / f"seed{seed}"
+    # absolute: the fine-tuning's encoder path is in the override list the reuse check compares, so a relative
+    # and an absolute ``out`` must name the same runs
+    base = out.resolve() / row.key.replace("/", "-") / f"seed{seed}"
     common = [f"seed={seed}", f"data={data}", *overrides]
     experiment, text_pretrain = TEXT_ONLY_DATA.get(data, ("berson_finetune", None))
     finetune = [f"experiment={experiment}", *row.finetune, *common, *finetune_only]
