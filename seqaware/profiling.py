@@ -11,16 +11,19 @@
 * **Fits** (:class:`StepWork`, a callback every BERSON fit gets): ``perf/flops_per_step``, ``perf/tokens_per_s``,
   ``perf/padding`` (the padded layout's share of padding) and on a GPU ``perf/mfu`` (against
   :func:`gpu_peak_flops`, a table of dense bf16 peaks keyed by the GPU's name).
+  :func:`logged_perf` reads their means back from a run's CSV log (the study scripts' tables).
 * **Machines** (:func:`machine`): the CPU model and cores, or the GPU, that a timing or a forecast names.
 * **Profiles** (:func:`profile_figures`): the top operators of a few profiled steps (the benchmark scripts'
   ``--profile N``; ``scripts/bench/gpu_check.py`` writes them into its report).
 """
 from __future__ import annotations
 
+import csv
 import os
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
@@ -271,3 +274,17 @@ def format_profile(rows: list[dict[str, Any]]) -> str:
     lines = ["| operator | calls / step | self ms / step | share |", "|---|---:|---:|---:|"]
     lines += [f"| `{r['name']}` | {r['calls']} | {r['self_ms']:.2f} | {100 * r['share']:.1f}% |" for r in rows]
     return "\n".join(lines)
+
+
+def logged_perf(run_dir: Path) -> dict[str, float]:
+    """Means of the ``perf/mfu`` and ``perf/tokens_per_s`` a fit logged (:class:`StepWork`) in ``run_dir``'s CSV log
+    (``csv/metrics.csv``), keyed ``mfu`` / ``tokens_per_s``; a figure never logged (no GPU, no CSV) is absent."""
+    path = Path(run_dir) / "csv" / "metrics.csv"
+    values: dict[str, list[float]] = {}
+    if path.is_file():
+        with path.open(newline="") as handle:
+            for row in csv.DictReader(handle):
+                for key in ("perf/mfu", "perf/tokens_per_s"):
+                    if row.get(key):
+                        values.setdefault(key, []).append(float(row[key]))
+    return {k.split("/")[1]: sum(v) / len(v) for k, v in values.items()}

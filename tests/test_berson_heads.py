@@ -22,6 +22,9 @@ def fake_train(monkeypatch):
         seed = int(next(o for o in overrides if o.startswith("seed="))[5:])
         paper = "model.decoder.variant=paper" in overrides
         write_test_metrics(run_dir, {"test/pmr": 0.1 * seed + (0.05 if paper else 0.0), "test/acc": 0.5, "test/tau": 0.6})
+        (run_dir / "csv").mkdir(exist_ok=True)                                  # StepWork's figures, two steps
+        (run_dir / "csv" / "metrics.csv").write_text(f"perf/tokens_per_s,step,val/pmr\n{1000 * seed},9,\n"
+                                                     f"{3000 * seed},19,\n,19,0.3\n")
 
     monkeypatch.setattr(berson_heads, "_train", train)
     return calls
@@ -48,6 +51,24 @@ def test_one_budget_of_stories_for_every_row():
     assert berson_heads.budget(0, 16, 4, 400) == []                              # the recipe's own budget
 
 
+def test_a_budget_in_epochs_gives_every_row_the_same_share_of_its_data():
+    val = ["trainer.limit_val_batches=25", "data.eval_batch_size=16"]
+    share = ["trainer.max_steps=-1", "trainer.max_epochs=1", "trainer.limit_train_batches=0.55",
+             "trainer.val_check_interval=0.5", "trainer.check_val_every_n_epoch=1", *val]
+    assert berson_heads.budget(150, 16, 16, 400, epochs=0.55) == share           # --steps is not used
+    assert berson_heads.budget(0, 16, None, 400, epochs=0.55) == share           # a token-budget row alike
+    assert berson_heads.budget(0, 16, 4, 400, epochs=2) == [
+        "trainer.max_steps=-1", "trainer.max_epochs=2", "trainer.limit_train_batches=1.0",
+        "trainer.val_check_interval=1.0", "trainer.check_val_every_n_epoch=1", *val]
+    for bad in (0, -1, 1.5):
+        with pytest.raises(SystemExit, match="--epochs must be"):
+            berson_heads.budget(0, 16, 16, 400, epochs=bad)
+    assert berson_heads.rows()["recipe/roc_joint_large"] == (("hparams=roc_joint_large",), None)
+    with pytest.raises(SystemExit, match="row 'recipe/roc_joint_large' trains in batches of a token budget"):
+        berson_heads.budget(150, 16, None, 400, name="recipe/roc_joint_large")
+    assert berson_heads.budget(0, 16, None, 400) == []                           # its own recipe
+
+
 def test_runs_are_reused_and_the_table_is_written(tmp_path, fake_train, capsys):
     out, table = tmp_path / "runs", tmp_path / "t.md"
     args = ["--seeds", "1", "2", "--out", str(out), "--table", str(table), "--", "trainer.accelerator=cpu"]
@@ -57,6 +78,9 @@ def test_runs_are_reused_and_the_table_is_written(tmp_path, fake_train, capsys):
     text = table.read_text()
     assert "| `ours/joint` | 1 2 | 0.150 ± 0.071 | 0.500 ± 0.000 | 0.600 ± 0.000 | 0.100 / 0.200 |" in text
     assert "| `paper/joint` | 1 2 | 0.200 ± 0.071 |" in text
+    # the later row against the first, seed by seed (+0.05 on both seeds), and each run's mean logged tokens/s
+    assert "| 0.150 / 0.250 | +0.050 [+0.050, +0.050], higher on 2 of 2 | " in text
+    assert text.splitlines()[2].endswith(" | - | 0 / 0 | 2,000 / 4,000 |")      # the first row: no gap
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1].split(" ", 1)[1])
     assert stats["paper/joint"]["pmr"]["values"] == pytest.approx([0.15, 0.25])
     assert berson_heads.main(args) == 0 and len(fake_train) == 4                 # nothing trained again

@@ -132,6 +132,8 @@ def test_a_folder_holding_a_run_of_other_overrides_is_refused(tmp_path):
 def test_a_cut_runs_steps_come_from_its_last_checkpoint_and_the_logged_perf_from_its_csv(tmp_path):
     import torch
 
+    from seqaware.profiling import logged_perf
+
     folder = tmp_path / "run"
     (folder / "csv").mkdir(parents=True)
     (folder / "csv" / "metrics.csv").write_text("epoch,perf/mfu,perf/tokens_per_s,step,train/loss,val/pmr\n"
@@ -140,7 +142,7 @@ def test_a_cut_runs_steps_come_from_its_last_checkpoint_and_the_logged_perf_from
     (folder / "checkpoints").mkdir()
     torch.save({"global_step": 23, "state_dict": {"w": torch.zeros(3)}}, folder / "checkpoints" / "last.ckpt")
     assert roc_table.steps_done(folder) == 23
-    assert roc_table.perf_means(folder) == pytest.approx({"mfu": 0.3, "tokens_per_s": 2000.0})
+    assert logged_perf(folder) == pytest.approx({"mfu": 0.3, "tokens_per_s": 2000.0})
 
 
 # ---------------------------------------------------------------- the whole command at toy size

@@ -33,7 +33,6 @@ the mean of the logged ``perf/mfu`` (GPU) and ``perf/tokens_per_s``.  Each run's
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import json
 import math
@@ -207,26 +206,10 @@ def steps_done(folder: Path) -> int:
 
 
 # ---------------------------------------------------------------- results
-def perf_means(folder: Path) -> dict[str, float]:
-    """Means of the logged ``perf/mfu`` and ``perf/tokens_per_s`` of a run's training steps (absent: not logged)."""
-    path = folder / "csv" / "metrics.csv"
-    sums: dict[str, list[float]] = {}
-    if path.is_file():
-        with path.open(newline="") as handle:
-            for row in csv.DictReader(handle):
-                for key in ("perf/mfu", "perf/tokens_per_s"):
-                    if row.get(key):
-                        sums.setdefault(key, []).append(float(row[key]))
-    return {k.split("/")[1]: sum(v) / len(v) for k, v in sums.items()}
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0)
-
-
 def summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per row: its tested seeds, test PMR / Acc / tau (mean, std, values), wall per run, the perf means' mean."""
+    from seqaware.metrics.seeds import mean_std
+
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.get("metrics"):
@@ -349,6 +332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from seqaware import runs
     from seqaware.io import atomic_open, read_test_metrics
     from seqaware.launch import split_overrides
+    from seqaware.profiling import logged_perf
 
     argv = list(sys.argv[1:] if argv is None else argv)
     own, extra = split_overrides(argv)
@@ -420,7 +404,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         record["wall_s"] = past.get(folder.name, {}).get("wall_s")
         record["forecast"] = past.get(folder.name, {}).get("forecast") or record["forecast"]
         record["metrics"] = read_test_metrics(folder)
-        record["perf"] = perf_means(folder)
+        record["perf"] = logged_perf(folder)
         write_report(report, args.out)
     print(write_report(report, args.out))
     print(MARKER, json.dumps(report["stats"], sort_keys=True))
