@@ -30,7 +30,7 @@ from data_modules.datamodule import check_fit_saw_batches
 from seqaware import runs
 from seqaware.callbacks import Preemption
 from seqaware.checkpoint_io import AtomicCheckpointIO
-from seqaware.config import check_argument_types
+from seqaware.config import check_argument_types, let_max_steps_decide
 from seqaware.io import format_test_metrics, write_jsonl, write_test_metrics
 from seqaware.launch import ddp_sweep_job
 
@@ -231,31 +231,6 @@ def command_line_overrides() -> list[str]:
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def let_max_steps_decide(cfg: DictConfig, overrides: list[str]) -> bool:
-    """``trainer.max_steps=N`` on the command line without ``trainer.max_epochs``: the run trains N steps.
-
-    An experiment's ``trainer.max_epochs`` (``berson_finetune``: 1 epoch of at most 40 batches) would
-    otherwise end it earlier; it is raised to N (every epoch has at least one step, so N epochs never
-    end the run first, and a value that is read elsewhere, ``${trainer.max_epochs}``, stays a count), said
-    in the log. With both on the command line both stay, and :class:`seqaware.callbacks.FitLimits` warns
-    at the start of fit when max_epochs ends it first. Returns whether it changed the config (``main`` then
-    rewrites the run folder's ``.hydra/config.yaml``, so re-running the saved config trains the same steps).
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    keys = {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
-    if "trainer.max_steps" not in keys or "trainer.max_epochs" in keys:
-        return False
-    max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
-    if max_steps is None or max_steps < 1 or max_epochs is None or max_epochs == -1 or max_epochs >= max_steps:
-        return False
-    cfg.trainer.max_epochs = max_steps
-    log.info("trainer.max_steps=%d is on the command line and trainer.max_epochs is not: the config's "
-             "trainer.max_epochs=%d is raised to %d so that the run trains %d steps (give trainer.max_epochs too "
-             "to keep both limits)", max_steps, max_epochs, max_steps, max_steps)
-    return True
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")

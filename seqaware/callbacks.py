@@ -319,7 +319,7 @@ class FitLimits(pl.Callback):
     * ``trainer.max_steps`` that ``trainer.max_epochs`` x the epoch's batches ends first: one warning that
       names max_epochs, the epoch's batches (samples, batch size, ``trainer.limit_train_batches``,
       accumulation) and the step the fit stops at. (``train.py`` raises max_epochs itself when max_steps
-      alone is on the command line: :func:`train.let_max_steps_decide`; a ``trainer.max_time`` that ends
+      alone is on the command line: :func:`seqaware.config.let_max_steps_decide`; a ``trainer.max_time`` that ends
       the fit first is forecast by :class:`RuntimeForecast` a few batches in.)
     * A fit that ends before its first validation (fewer batches than ``trainer.val_check_interval``, or
       ending before the epoch ``trainer.check_val_every_n_epoch`` validates) validates once after its

@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import os
+import threading
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+_COMPOSING = threading.Lock()
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODALITIES = ("text", "image", "multimodal")
@@ -217,3 +222,47 @@ def register_resolvers() -> None:
 
 
 register_resolvers()
+
+
+def let_max_steps_decide(cfg: DictConfig, overrides: Sequence[str]) -> bool:
+    """``trainer.max_steps=N`` on the command line without ``trainer.max_epochs``: the run trains N steps.
+
+    An experiment's ``trainer.max_epochs`` (``berson_finetune``: 1 epoch of at most 40 batches) would
+    otherwise end it earlier; it is raised to N (every epoch has at least one step, so N epochs never
+    end the run first, and a value that is read elsewhere, ``${trainer.max_epochs}``, stays a count), said
+    in the log. With both on the command line both stay, and :class:`seqaware.callbacks.FitLimits` warns
+    at the start of fit when max_epochs ends it first. Returns whether it changed the config (``train.py`` then
+    rewrites the run folder's ``.hydra/config.yaml``, so re-running the saved config trains the same steps).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
+    if "trainer.max_steps" not in keys or "trainer.max_epochs" in keys:
+        return False
+    max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
+    if max_steps is None or max_steps < 1 or max_epochs is None or max_epochs == -1 or max_epochs >= max_steps:
+        return False
+    cfg.trainer.max_epochs = max_steps
+    log.info("trainer.max_steps=%d is on the command line and trainer.max_epochs is not: the config's "
+             "trainer.max_epochs=%d is raised to %d so that the run trains %d steps (give trainer.max_epochs too "
+             "to keep both limits)", max_steps, max_epochs, max_steps, max_steps)
+    return True
+
+
+def compose_train(overrides: Sequence[str] = ()) -> DictConfig:
+    """``configs/train.yaml`` composed with ``overrides`` as ``python train.py OVERRIDES`` composes it, with
+    :func:`let_max_steps_decide`'s change, nothing run: the config its run folder's ``.hydra/config.yaml`` holds
+    (unresolved).  Hydra's compose API; its global state is cleared before and after, under a lock (the study
+    scripts check run folders from several threads)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with _COMPOSING:                          # Hydra's state is the process's: one composition at a time
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(PROJECT_ROOT / "configs"), version_base="1.3"):
+                cfg = compose(config_name="train.yaml", overrides=list(overrides))
+        finally:
+            GlobalHydra.instance().clear()
+    let_max_steps_decide(cfg, list(overrides))
+    return cfg

@@ -139,7 +139,7 @@ def test_a_fit_that_validates_within_its_length_is_left_as_it_is(tmp_path):
 def test_max_steps_alone_on_the_command_line_decides(compose_train, caplog, overrides, max_epochs, changed):
     cfg = compose_train("experiment=berson_finetune", "trainer.max_steps=3")  # the config: max_epochs 1, max_steps 3
     cfg.trainer.max_steps = int(next((o.split("=")[1] for o in overrides if "max_steps" in o), 3))
-    with caplog.at_level(logging.INFO, logger="seqaware.train"):
+    with caplog.at_level(logging.INFO, logger="seqaware.config"):
         assert train.let_max_steps_decide(cfg, overrides) is changed
     assert cfg.trainer.max_epochs == max_epochs
     messages = [r.getMessage() for r in caplog.records if "is on the command line" in r.getMessage()]
@@ -194,6 +194,10 @@ def test_the_saved_config_records_the_max_epochs_that_max_steps_raised(tmp_path,
     assert again.trainer.limit_train_batches == 1
     assert fit_length(again.trainer.max_steps, again.trainer.max_epochs, 1) == FitLength(12, 12, "trainer.max_steps")
     assert OmegaConf.to_container(again) == OmegaConf.to_container(saved)
+    # the study scripts' reuse check: the same overrides compose to the saved config (max_epochs raised alike)
+    from seqaware.runs import check_same_job
+
+    check_same_job(run_dir, [o for o in command[2:] if not o.startswith("hydra.")])
 
 
 # ---------------------------------------------------------------- trainer.max_time inside the first epoch

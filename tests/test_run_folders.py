@@ -928,3 +928,68 @@ def test_without_hydra_nothing_is_pinned(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["train.py", "-m", "seed=1,2"])
     assert launch.pin_ddp_relaunch() is False
     assert sys.argv == ["train.py", "-m", "seed=1,2"]
+
+
+# ---------------------------------------------------------------- reusing a run folder (the study scripts)
+def _hydra_folder(run_dir: Path, overrides: list[str], edit=None) -> None:
+    """What Hydra writes into a run folder: the overrides and the composed config (``edit``: changed first)."""
+    from omegaconf import OmegaConf
+
+    from seqaware.config import compose_train
+
+    cfg = compose_train(overrides)
+    if edit is not None:
+        edit(cfg)
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+
+
+def test_a_folder_of_the_same_overrides_and_config_is_reused(tmp_path):
+    overrides = ["experiment=berson_finetune", "seed=3", "trainer.max_steps=7"]
+    _hydra_folder(tmp_path / "run", overrides)
+    runs.check_same_job(tmp_path / "run", overrides)
+    runs.check_same_job(tmp_path / "empty", overrides)                  # nothing run there yet
+    with pytest.raises(SystemExit, match=r"holds a run made with other overrides than this command's:\n  that run: "
+                                         r"experiment=berson_finetune seed=3 trainer.max_steps=7\n  this one: "
+                                         r"experiment=berson_finetune seed=4 trainer.max_steps=7\n"):
+        runs.check_same_job(tmp_path / "run", ["experiment=berson_finetune", "seed=4", "trainer.max_steps=7"])
+
+
+def test_the_same_overrides_over_a_changed_default_are_refused_key_by_key(tmp_path):
+    """The hole the override list left: ``model.encoder.ckpt_new_layers`` went from ``order`` to ``fresh`` in
+    berson_finetune's config, and the same command reused the ``order`` runs as if they were ``fresh``."""
+    from omegaconf import open_dict
+
+    from seqaware.config import compose_train
+
+    overrides = ["experiment=berson_finetune", "seed=3"]
+
+    def then(cfg):
+        with open_dict(cfg):
+            cfg.model.encoder.ckpt_new_layers = "order"                   # the default when that run was made
+            cfg.model.optimizer.lr = 1e-4
+            cfg.model.retired_option = 5                                   # an option since removed
+            del cfg.trainer["max_epochs"]                                  # one added since (the old run lacks it)
+    _hydra_folder(tmp_path / "old", overrides, then)
+    with pytest.raises(SystemExit) as err:
+        runs.check_same_job(tmp_path / "old", overrides)
+    lines = str(err.value).splitlines()
+    assert lines[0] == (f"{tmp_path / 'old'} holds a run made with the same overrides, but they compose to another "
+                        "config now (a default changed since it ran):")
+    assert lines[1:-1] == ["  model.encoder.ckpt_new_layers: that run 'order', now "
+                           "'${oc.select:wu2022.ckpt_new_layers,fresh}'",
+                           f"  model.optimizer.lr: that run 0.0001, now {compose_train(overrides).model.optimizer.lr!r}",
+                           "  model.retired_option: that run 5, now '<absent>'"]
+    assert lines[-1] == "pick another --out, or remove the folder to run it again"
+
+
+def test_a_value_written_another_way_that_resolves_the_same_is_no_difference(tmp_path):
+    from omegaconf import OmegaConf
+
+    overrides = ["experiment=berson_finetune"]
+    _hydra_folder(tmp_path / "run", overrides, lambda cfg: setattr(cfg.model.encoder, "ckpt_new_layers", "fresh"))
+    runs.check_same_job(tmp_path / "run", overrides)                    # 'fresh' == ${oc.select:...,fresh} here
+    then = OmegaConf.create({"a": 1, "b": {"c": "x", "d": [1, 2]}, "gone": 0})
+    now = OmegaConf.create({"a": 1, "b": {"c": "${z}", "d": [1, 3]}, "z": "x", "new": 7})
+    assert runs.config_differences(then, now) == [("b.d", [1, 2], [1, 3]), ("gone", 0, "<absent>")]

@@ -56,17 +56,9 @@ def experiments() -> list[str]:
 
 
 def compose(experiment: str, overrides: Sequence[str], run_dir: Path) -> Any:
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from seqaware.config import compose_train
 
-    import seqaware.config  # noqa: F401  (resolvers)
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = hydra_compose(config_name="train.yaml",
-                            overrides=[f"experiment={experiment}", f"paths.output_dir={run_dir}", *overrides])
-    GlobalHydra.instance().clear()
-    return cfg
+    return compose_train([f"experiment={experiment}", f"paths.output_dir={run_dir}", *overrides])
 
 
 def loader_rate(datamodule: Any, batches: int) -> tuple[float, int, Optional[float], int]:

@@ -33,8 +33,8 @@ at the middle and the end on ``--val-stories``; ``--steps 0``: the rows' own rec
 ``--epochs F`` instead: every row sees the same share of its training set whatever its batches (F <= 1: the
 first F of one shuffled epoch, ``trainer.limit_train_batches``, validated at its middle and its end; a whole
 F > 1: F epochs, validated at each epoch's end), with the learning-rate schedule over those steps.  A folder
-that holds a tested run is reused; one made with other overrides is an error (scripts/studies/wu2022_tables.py's
-rules).  Prints the table (PMR / Acc / tau, mean +- std over seeds, each seed's PMR, each later row's PMR minus
+that holds a tested run is reused; one made with other overrides, or with a config that changed since, is an
+error (scripts/studies/wu2022_tables.py's rules).  Prints the table (PMR / Acc / tau, mean +- std over seeds, each seed's PMR, each later row's PMR minus
 the first row's over the seeds both ran with its 95% t interval, wall time and logged training tokens/s per run)
 and one line ``BERSON_HEADS_JSON {...}``; ``--table FILE`` also writes the markdown.
 """
@@ -52,7 +52,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from decoders.berson import VARIANTS  # noqa: E402
-from scripts.studies.wu2022_tables import _check_overrides, _train  # noqa: E402
+from scripts.studies.wu2022_tables import _train  # noqa: E402
+from seqaware import runs  # noqa: E402
 from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
 from seqaware.metrics.seeds import mean_std, seed_matched_gap  # noqa: E402
@@ -127,7 +128,7 @@ def run(name: str, seed: int, out: Path, overrides: list[str], steps: int, batch
     run_dir = out / name.replace("/", "-") / f"seed{seed}"
     cmd = ["experiment=berson_roc", *row, f"seed={seed}",
            *budget(steps, batch_size, recipe_batch, val_stories, epochs, name), *overrides]
-    _check_overrides(run_dir, cmd)
+    runs.check_same_job(run_dir, cmd)
     metrics = read_test_metrics(run_dir)
     wall_file = run_dir / "wall_seconds.txt"
     if metrics is None:

@@ -30,16 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from seqaware.config import compose_train  # noqa: E402
 from seqaware.encoders.base import step_visual_features  # noqa: E402
-
-
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    import seqaware.config  # noqa: F401  (registers the resolvers)
-
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return hydra_compose("train.yaml", overrides=overrides)
 
 
 @torch.no_grad()
@@ -152,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
 
     base = [f"experiment={args.experiment}", f"objectives={args.objectives}", f"data.batch_size={args.batch_size}",
             f"data.eval_batch_size={args.batch_size}", "paths.output_dir=${paths.log_dir}/isp_probe"] + overrides
-    cfg = compose(base)
+    cfg = compose_train(base)
     if "isp" not in str(cfg.model.objectives.enabled):
         raise SystemExit(f"--objectives {args.objectives}: the set has no ISP")
     from hydra.utils import instantiate
@@ -176,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for std in args.step_init_std:
         print(f"encoder, step_init_std={std}:", flush=True)
-        run_cfg = compose(base + [f"model.encoder.step_init_std={std}"])
+        run_cfg = compose_train(base + [f"model.encoder.step_init_std={std}"])
         results[std] = train_encoder(run_cfg, train, val, args.steps, args.lr, args.eval_every, args.seed)
     print("\n| step_init_std | " + " | ".join(f"step {s}" for s, _, _ in results[args.step_init_std[0]]) + " |")
     print("|---|" + "---|" * len(results[args.step_init_std[0]]))

@@ -37,8 +37,8 @@ step pairs: ``--finetune-override model.pair_encoding=pairwise --pretrain-overri
 Before fine-tuning, the script checks that no test procedure is in the pretraining pool, by content
 (:func:`procedure_key`: the normalised text of every step and the bytes of every image) and stops naming
 the overlap if there is one. Finished runs are reused (``test_metrics.json``; pretraining: ``encoder.pt``
-and a finished ``run.json``), a run made with other overrides is an error (``scripts/studies/wu2022_tables.py``'s
-rules). It prints the table (PMR and tau per k, N and Y, mean +- std and every seed, the seed-matched gap
+and a finished ``run.json``), a run made with other overrides or another composed config is an error
+(``scripts/studies/wu2022_tables.py``'s rules). It prints the table (PMR and tau per k, N and Y, mean +- std and every seed, the seed-matched gap
 ``Y - N`` with its 95% interval and the number of seeds where Y > N: :mod:`seqaware.metrics.seeds`, the CPU
 time of the curve) and one ``LABEL_EFFICIENCY_JSON {...}`` line; with ``--results DIR`` it also writes
 ``DIR/<world>.md`` and ``DIR/<world>.png`` (PMR against k, one line per arm, every seed as a point, the spread
@@ -62,7 +62,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts.studies.wu2022_tables import _check_overrides, _pretrained, _train, pretrain_budget  # noqa: E402
+from scripts.studies.wu2022_tables import _pretrained, _train, pretrain_budget  # noqa: E402
+from seqaware import runs  # noqa: E402
 from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
 from seqaware.metrics.seeds import mean_std, seed_matched_gap  # noqa: E402
@@ -297,7 +298,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         pre_dir = pre_root / f"seed{seed}"
         if pretrained:   # one pretraining per seed: Y's spread over seeds includes the pretraining's own
             pretrain = pretrain_overrides(world, objectives, *budget, extra_pre, seed)
-            _check_overrides(pre_dir, pretrain)
+            runs.check_same_job(pre_dir, pretrain)
             if not _pretrained(pre_dir):
                 print(f"pretraining {args.world}, seed {seed}: {' '.join(pretrain)}", flush=True)
                 _train(pretrain, pre_dir, "pretrain.log")
@@ -309,7 +310,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 ft = finetune_overrides(world, k, seed, steps, batch_size, [*extra, *args.finetune_override])
                 if arm == "Y":
                     ft.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
-                _check_overrides(run_dir, ft)
+                runs.check_same_job(run_dir, ft)
                 metrics = read_test_metrics(run_dir)
                 if metrics is None:
                     _train(ft, run_dir, f"{arm}.log")

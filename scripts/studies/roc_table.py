@@ -23,12 +23,13 @@ or read from ``OUT/step_times.json`` when it holds this row's timing for these o
 (``--step-times FILE``: another run's).  The forecast of every run (start-up, the first steps, the rest at the
 timed pace, its validations and its test at the timed evaluation pace), naming the machine, is printed before the
 first run; over ``--budget-s`` seconds (the timing included; default 0: no limit) nothing runs: for a machine
-held for a fixed time (a scheduler's wall-time limit).  Then the runs, seeds outermost.  A run whose folder holds a finished, tested run is reused; one that was
-cut (SIGTERM / SIGUSR1 to this command is passed on to its train.py, which saves ``last.ckpt``) resumes from its
-``last.ckpt`` when the same command is given again; a folder made with other overrides is refused.  After every
-run ``OUT/roc_table.md`` and ``OUT/roc_table.json`` are rewritten: machine, command, date, software, the forecast
-against each run's wall time, and per row test PMR / Acc / tau (mean +- std over seeds), wall time per run and
-the mean of the logged ``perf/mfu`` (GPU) and ``perf/tokens_per_s``.  Each run's output: ``OUT/logs/<run>.log``.
+held for a fixed time (a scheduler's wall-time limit). Then the runs, seeds outermost. A run whose folder holds a
+finished, tested run is reused; one that was cut (SIGTERM / SIGUSR1 to this command is passed on to its train.py,
+which saves ``last.ckpt``) resumes from its ``last.ckpt`` when the same command is given again; a folder made with
+other overrides (or with a config that changed since) is refused. After every run ``OUT/roc_table.md`` and
+``OUT/roc_table.json`` are rewritten: machine, command, date, software, the forecast against each run's wall time,
+and per row test PMR / Acc / tau (mean +- std over seeds), wall time per run and the mean of the logged ``perf/mfu``
+(GPU) and ``perf/tokens_per_s``. Each run's output: ``OUT/logs/<run>.log``.
 """
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ from typing import Any, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from seqaware import runs  # noqa: E402
+from seqaware.config import compose_train  # noqa: E402
 
 EXTRA = "data.extra_train_paths=[${paths.shared_data_dir}/roc/train_extra.tsv]"
 ROWS = {"roc_base": ("hparams=roc_base",),
@@ -106,39 +110,7 @@ def train(overrides: list[str], log: Path) -> tuple[int, float]:
     return code, time.monotonic() - start
 
 
-def saved_overrides(folder: Path) -> Optional[list[str]]:
-    path = folder / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return None
-    import yaml
-
-    return [str(x) for x in (yaml.safe_load(path.read_text()) or [])]
-
-
-def check_same_command(folder: Path, overrides: list[str]) -> None:
-    previous = saved_overrides(folder)
-    if previous is not None and previous != overrides:
-        raise SystemExit(f"{folder} holds a run made with other overrides than this command's:\n  that run: "
-                         f"{' '.join(previous)}\n  this one: {' '.join(overrides)}\npick another --out, or remove the "
-                         "folder to run it again")
-
-
 # ---------------------------------------------------------------- timing and forecast
-def compose(overrides: Sequence[str]) -> Any:
-    """The composed config of ``train.py overrides`` (nothing run)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    import seqaware.config  # noqa: F401  (the resolvers)
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = hydra_compose(config_name="train.yaml", overrides=list(overrides))
-    GlobalHydra.instance().clear()
-    return cfg
-
-
 DATA_LINE = re.compile(r"\] - data: (\{.*\})$", re.M)
 BUDGET_LINE = re.compile(r"\] - data\.batch_tokens=\d+ \(\w+ tokens\): \d+ batches an epoch \((\d+) per process\)")
 
@@ -154,7 +126,7 @@ def timing_figures(folder: Path, clock: Path, wall: float) -> dict[str, Any]:
     log = (folder / "train.log").read_text(errors="replace")
     splits = ast.literal_eval(DATA_LINE.findall(log)[0])
     budget = BUDGET_LINE.search(log)
-    cfg = compose(saved_overrides(folder))
+    cfg = compose_train(runs.saved_overrides(folder))
     per_epoch = int(budget[1]) if budget else math.ceil(splits["train"] / cfg.data.batch_size)
     return {**figures, "splits": splits, "batches_per_epoch": per_epoch, "wall_s": round(wall, 1),
             "s_per_eval_batch": figures["val_s"] / figures["val_batches"],
@@ -329,7 +301,6 @@ def time_rows(args: argparse.Namespace, rows: Sequence[str], extra: list[str], m
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from seqaware import runs
     from seqaware.io import atomic_open, read_test_metrics
     from seqaware.launch import split_overrides
     from seqaware.profiling import logged_perf
@@ -361,12 +332,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for row, seed in todo:
         overrides = run_overrides(row, seed, args.trainer, args.out, extra)
         folder = run_dir(args.out, run_name(row, seed))
-        check_same_command(folder, overrides)
+        runs.check_same_job(folder, overrides)
         record: dict[str, Any] = {"row": row, "seed": seed, "overrides": overrides}
         if runs.read_state(folder).get("status") == "finished" and read_test_metrics(folder) is not None:
             record.update(status="finished", forecast=past.get(folder.name, {}).get("forecast") or {})
         else:
-            record.update(status="to run", forecast=forecast(compose(overrides), timings[row], steps_done(folder)))
+            record.update(status="to run", forecast=forecast(compose_train(overrides), timings[row], steps_done(folder)))
         report["runs"].append(record)
     report["test_stories"] = next(iter(timings.values()))["splits"]["test"] if timings else None
     report["forecast_total_s"] = sum(r["forecast"]["total_s"] for r in report["runs"] if r["status"] != "finished")

@@ -29,7 +29,8 @@ which ISP stays at chance).  A run whose folder already holds its result (``enco
 ``run.json`` for pretraining, ``test_metrics.json`` for fine-tuning; a finished fine-tuning is reused without
 its ``encoder.pt``) is reused, and an interrupted one
 resumes in place (the same folder), so the script can be stopped and started again.  A folder whose run
-was made with other overrides (``.hydra/overrides.yaml``) is an error, never silently reused.  Metrics
+was made with other overrides, or whose overrides compose to another config now (a default changed since:
+``seqaware.runs.check_same_job``), is an error, never silently reused.  Metrics
 are the Table 2 columns over the test split, against every order the DAG allows (``test/acc``,
 ``test/pmr``, ``test/lcs`` = Lq, ``test/lcstr`` = Lr, ``test/tau``, ``test/dist``); Acc and PMR in
 percent as in the paper.  The script prints the two tables in the paper's layout (mean +- std over
@@ -52,7 +53,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -147,18 +147,6 @@ def _pretrained(run_dir: Path) -> bool:
     return (run_dir / "encoder.pt").is_file() and runs.read_state(run_dir).get("status") == "finished"
 
 
-def _check_overrides(run_dir: Path, overrides: list[str]) -> None:
-    """Stop if ``run_dir`` holds a run made with other ``train.py`` overrides than ``overrides``."""
-    saved = run_dir / ".hydra" / "overrides.yaml"
-    if not saved.is_file():
-        return
-    previous = [str(x) for x in (yaml.safe_load(saved.read_text()) or [])]
-    if previous != list(overrides):
-        raise SystemExit(f"{run_dir} holds a run made with other overrides than this command's:\n"
-                         f"  that run: {' '.join(previous)}\n  this one: {' '.join(overrides)}\n"
-                         f"pick another --out, or remove the folder to run it again")
-
-
 def pretrain_budget(steps: int, batch_size: int) -> list[str]:
     """The pretraining runs' ``train.py`` overrides for ``steps`` optimizer steps of ``batch_size`` sequences."""
     if steps < 1 or batch_size < 1:
@@ -181,9 +169,9 @@ def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str],
     if row.pretrain is not None:
         pre_dir = base / "pretrain"
         pretrain = [*((f"experiment={text_pretrain}",) if text_pretrain else row.pretrain), *budget, *common]
-        _check_overrides(pre_dir, pretrain)
+        runs.check_same_job(pre_dir, pretrain)
         finetune.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
-    _check_overrides(ft_dir, finetune)
+    runs.check_same_job(ft_dir, finetune)
     metrics = read_test_metrics(ft_dir)
     if metrics is None:
         # (a finished fine-tuning needs its encoder no more: runs copied without their large encoder.pt,
