@@ -195,7 +195,7 @@ def test_the_saved_config_records_the_max_epochs_that_max_steps_raised(tmp_path,
     assert fit_length(again.trainer.max_steps, again.trainer.max_epochs, 1) == FitLength(12, 12, "trainer.max_steps")
     assert OmegaConf.to_container(again) == OmegaConf.to_container(saved)
     # the study scripts' reuse check: the same overrides compose to the saved config (max_epochs raised alike)
-    from seqaware.runs import check_same_job
+    from seqaware.run_reuse import check_same_job
 
     check_same_job(run_dir, [o for o in command[2:] if not o.startswith("hydra.")])
 

@@ -20,7 +20,7 @@ TESTS = Path(__file__).resolve().parent
 
 from scripts.studies import roc_table  # noqa: E402
 from scripts.studies.roc_table import forecast, plan, run_overrides, timing_overrides  # noqa: E402
-from seqaware import runs  # noqa: E402
+from seqaware import run_reuse  # noqa: E402
 from seqaware.config import compose_train as compose  # noqa: E402
 
 TIMING = {"warmup_steps": 5, "warmup_s": 10.0, "steps": 20, "seconds": 2.0, "s_per_step": 0.1, "val_batches": 4,
@@ -125,10 +125,10 @@ def test_a_folder_holding_a_run_of_other_overrides_is_refused(tmp_path):
     folder = tmp_path / "run"
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "overrides.yaml").write_text("- experiment=berson_roc\n- seed=1\n")
-    runs.check_same_job(folder, ["experiment=berson_roc", "seed=1"])
+    run_reuse.check_same_job(folder, ["experiment=berson_roc", "seed=1"])
     with pytest.raises(SystemExit, match=r"holds a run made with other overrides than this command's:\n  that run: "
                                          r"experiment=berson_roc seed=1\n  this one: experiment=berson_roc seed=2\n"):
-        runs.check_same_job(folder, ["experiment=berson_roc", "seed=2"])
+        run_reuse.check_same_job(folder, ["experiment=berson_roc", "seed=2"])
 
 
 def test_a_cut_runs_steps_come_from_its_last_checkpoint_and_the_logged_perf_from_its_csv(tmp_path):

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from seqaware import checkpoint_io, launch, runs  # noqa: F401  (rehome reads checkpoints through it)
+from seqaware import checkpoint_io, launch, run_reuse, runs  # noqa: F401  (rehome reads checkpoints through it)
 
 JOB_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "RANK",
             "SLURM_PROCID", "LOCAL_RANK")
@@ -948,12 +948,12 @@ def _hydra_folder(run_dir: Path, overrides: list[str], edit=None) -> None:
 def test_a_folder_of_the_same_overrides_and_config_is_reused(tmp_path):
     overrides = ["experiment=berson_finetune", "seed=3", "trainer.max_steps=7"]
     _hydra_folder(tmp_path / "run", overrides)
-    runs.check_same_job(tmp_path / "run", overrides)
-    runs.check_same_job(tmp_path / "empty", overrides)                  # nothing run there yet
+    run_reuse.check_same_job(tmp_path / "run", overrides)
+    run_reuse.check_same_job(tmp_path / "empty", overrides)                  # nothing run there yet
     with pytest.raises(SystemExit, match=r"holds a run made with other overrides than this command's:\n  that run: "
                                          r"experiment=berson_finetune seed=3 trainer.max_steps=7\n  this one: "
                                          r"experiment=berson_finetune seed=4 trainer.max_steps=7\n"):
-        runs.check_same_job(tmp_path / "run", ["experiment=berson_finetune", "seed=4", "trainer.max_steps=7"])
+        run_reuse.check_same_job(tmp_path / "run", ["experiment=berson_finetune", "seed=4", "trainer.max_steps=7"])
 
 
 def test_the_same_overrides_over_a_changed_default_are_refused_key_by_key(tmp_path):
@@ -973,7 +973,7 @@ def test_the_same_overrides_over_a_changed_default_are_refused_key_by_key(tmp_pa
             del cfg.trainer["max_epochs"]                                  # one added since (the old run lacks it)
     _hydra_folder(tmp_path / "old", overrides, then)
     with pytest.raises(SystemExit) as err:
-        runs.check_same_job(tmp_path / "old", overrides)
+        run_reuse.check_same_job(tmp_path / "old", overrides)
     lines = str(err.value).splitlines()
     assert lines[0] == (f"{tmp_path / 'old'} holds a run made with the same overrides, but they compose to another "
                         "config now (a default changed since it ran):")
@@ -989,7 +989,7 @@ def test_a_value_written_another_way_that_resolves_the_same_is_no_difference(tmp
 
     overrides = ["experiment=berson_finetune"]
     _hydra_folder(tmp_path / "run", overrides, lambda cfg: setattr(cfg.model.encoder, "ckpt_new_layers", "fresh"))
-    runs.check_same_job(tmp_path / "run", overrides)                    # 'fresh' == ${oc.select:...,fresh} here
+    run_reuse.check_same_job(tmp_path / "run", overrides)                    # 'fresh' == ${oc.select:...,fresh} here
     then = OmegaConf.create({"a": 1, "b": {"c": "x", "d": [1, 2]}, "gone": 0})
     now = OmegaConf.create({"a": 1, "b": {"c": "${z}", "d": [1, 3]}, "z": "x", "new": 7})
-    assert runs.config_differences(then, now) == [("b.d", [1, 2], [1, 3]), ("gone", 0, "<absent>")]
+    assert run_reuse.config_differences(then, now) == [("b.d", [1, 2], [1, 3]), ("gone", 0, "<absent>")]

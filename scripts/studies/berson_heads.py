@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from decoders.berson import VARIANTS  # noqa: E402
 from scripts.studies.wu2022_tables import _train  # noqa: E402
-from seqaware import runs  # noqa: E402
+from seqaware import run_reuse  # noqa: E402
 from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
 from seqaware.metrics.seeds import mean_std, seed_matched_gap  # noqa: E402
@@ -128,7 +128,7 @@ def run(name: str, seed: int, out: Path, overrides: list[str], steps: int, batch
     run_dir = out / name.replace("/", "-") / f"seed{seed}"
     cmd = ["experiment=berson_roc", *row, f"seed={seed}",
            *budget(steps, batch_size, recipe_batch, val_stories, epochs, name), *overrides]
-    runs.check_same_job(run_dir, cmd)
+    run_reuse.check_same_job(run_dir, cmd)
     metrics = read_test_metrics(run_dir)
     wall_file = run_dir / "wall_seconds.txt"
     if metrics is None:

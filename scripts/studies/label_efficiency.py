@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from scripts.studies.wu2022_tables import _pretrained, _train, pretrain_budget  # noqa: E402
-from seqaware import runs  # noqa: E402
+from seqaware import run_reuse  # noqa: E402
 from seqaware.io import atomic_open, read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
 from seqaware.metrics.seeds import mean_std, seed_matched_gap  # noqa: E402
@@ -298,7 +298,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         pre_dir = pre_root / f"seed{seed}"
         if pretrained:   # one pretraining per seed: Y's spread over seeds includes the pretraining's own
             pretrain = pretrain_overrides(world, objectives, *budget, extra_pre, seed)
-            runs.check_same_job(pre_dir, pretrain)
+            run_reuse.check_same_job(pre_dir, pretrain)
             if not _pretrained(pre_dir):
                 print(f"pretraining {args.world}, seed {seed}: {' '.join(pretrain)}", flush=True)
                 _train(pretrain, pre_dir, "pretrain.log")
@@ -310,7 +310,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 ft = finetune_overrides(world, k, seed, steps, batch_size, [*extra, *args.finetune_override])
                 if arm == "Y":
                     ft.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
-                runs.check_same_job(run_dir, ft)
+                run_reuse.check_same_job(run_dir, ft)
                 metrics = read_test_metrics(run_dir)
                 if metrics is None:
                     _train(ft, run_dir, f"{arm}.log")

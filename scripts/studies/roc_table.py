@@ -49,7 +49,7 @@ from typing import Any, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from seqaware import runs  # noqa: E402
+from seqaware import run_reuse, runs  # noqa: E402
 from seqaware.config import compose_train  # noqa: E402
 
 EXTRA = "data.extra_train_paths=[${paths.shared_data_dir}/roc/train_extra.tsv]"
@@ -126,7 +126,7 @@ def timing_figures(folder: Path, clock: Path, wall: float) -> dict[str, Any]:
     log = (folder / "train.log").read_text(errors="replace")
     splits = ast.literal_eval(DATA_LINE.findall(log)[0])
     budget = BUDGET_LINE.search(log)
-    cfg = compose_train(runs.saved_overrides(folder))
+    cfg = compose_train(run_reuse.saved_overrides(folder))
     per_epoch = int(budget[1]) if budget else math.ceil(splits["train"] / cfg.data.batch_size)
     return {**figures, "splits": splits, "batches_per_epoch": per_epoch, "wall_s": round(wall, 1),
             "s_per_eval_batch": figures["val_s"] / figures["val_batches"],
@@ -332,7 +332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for row, seed in todo:
         overrides = run_overrides(row, seed, args.trainer, args.out, extra)
         folder = run_dir(args.out, run_name(row, seed))
-        runs.check_same_job(folder, overrides)
+        run_reuse.check_same_job(folder, overrides)
         record: dict[str, Any] = {"row": row, "seed": seed, "overrides": overrides}
         if runs.read_state(folder).get("status") == "finished" and read_test_metrics(folder) is not None:
             record.update(status="finished", forecast=past.get(folder.name, {}).get("forecast") or {})

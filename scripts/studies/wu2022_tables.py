@@ -57,7 +57,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from seqaware import runs  # noqa: E402
+from seqaware import run_reuse, runs  # noqa: E402
 from seqaware.io import read_test_metrics  # noqa: E402
 from seqaware.launch import split_overrides  # noqa: E402
 from seqaware.metrics.seeds import mean_std, seed_matched_gap  # noqa: E402
@@ -169,9 +169,9 @@ def run_row(row: Row, seed: int, out: Path, data: str, overrides: list[str],
     if row.pretrain is not None:
         pre_dir = base / "pretrain"
         pretrain = [*((f"experiment={text_pretrain}",) if text_pretrain else row.pretrain), *budget, *common]
-        runs.check_same_job(pre_dir, pretrain)
+        run_reuse.check_same_job(pre_dir, pretrain)
         finetune.append(f"model.encoder.ckpt={pre_dir / 'encoder.pt'}")
-    runs.check_same_job(ft_dir, finetune)
+    run_reuse.check_same_job(ft_dir, finetune)
     metrics = read_test_metrics(ft_dir)
     if metrics is None:
         # (a finished fine-tuning needs its encoder no more: runs copied without their large encoder.pt,
