@@ -57,6 +57,7 @@ def test_a_budget_in_epochs_gives_every_row_the_same_share_of_its_data():
              "trainer.val_check_interval=0.5", "trainer.check_val_every_n_epoch=1", *val]
     assert berson_heads.budget(150, 16, 16, 400, epochs=0.55) == share           # --steps is not used
     assert berson_heads.budget(0, 16, None, 400, epochs=0.55) == share           # a token-budget row alike
+    assert berson_heads.budget(0, 16, 16, 400, epochs=1)[2] == "trainer.limit_train_batches=1.0"   # not 1 batch
     assert berson_heads.budget(0, 16, 4, 400, epochs=2) == [
         "trainer.max_steps=-1", "trainer.max_epochs=2", "trainer.limit_train_batches=1.0",
         "trainer.val_check_interval=1.0", "trainer.check_val_every_n_epoch=1", *val]

@@ -106,7 +106,8 @@ def budget(steps: int, batch_size: int, recipe_batch: Optional[int], val_stories
         if epochs <= 0 or (epochs > 1 and epochs != int(epochs)):
             raise SystemExit(f"--epochs must be a share of one epoch (0 < F <= 1) or a whole number, got {epochs}")
         if epochs <= 1:
-            return ["trainer.max_steps=-1", "trainer.max_epochs=1", f"trainer.limit_train_batches={epochs:g}",
+            # a float, always: Lightning reads limit_train_batches=1 (an int) as one batch, 1.0 as the whole epoch
+            return ["trainer.max_steps=-1", "trainer.max_epochs=1", f"trainer.limit_train_batches={float(epochs)}",
                     "trainer.val_check_interval=0.5", "trainer.check_val_every_n_epoch=1", *val]
         return ["trainer.max_steps=-1", f"trainer.max_epochs={int(epochs)}", "trainer.limit_train_batches=1.0",
                 "trainer.val_check_interval=1.0", "trainer.check_val_every_n_epoch=1", *val]
