@@ -301,7 +301,8 @@ def test_the_whole_path_from_parts_to_the_table_on_a_tiny_random_mpnet(tmp_path)
         assert "testing the best checkpoint" in log
     assert set(result["stats"]) == {"recipe/roc_base", "recipe/paper"}
     table = (report / "gpu_roc.md").read_text()
-    assert "| row | seeds | test PMR | Acc | tau | PMR per seed | wall per run (s) |" in table
+    assert ("| row | seeds | test PMR | Acc | tau | PMR per seed | PMR - `recipe/roc_base` (seed-matched, 95% CI) "
+            "| wall per run (s) | training tokens/s per run |") in table
     assert "| `recipe/roc_base` | 0 | tested | 2 |" in table and "| `recipe/paper` | 0 | tested | 2 |" in table
     assert "==> recipe-paper/seed0.log" in (report / "gpu_roc_logs.txt").read_text()
     assert "GPU_ROC_JSON " in proc.stdout

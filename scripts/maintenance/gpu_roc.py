@@ -315,7 +315,7 @@ def write_report(report: dict[str, Any], out: Path, runs_dir: Path) -> str:
     done: dict[str, list] = {}
     for r in report["runs"]:
         if r["status"] == "tested":
-            done.setdefault(r["row"], []).append((r["seed"], r["metrics"], r["wall_s"]))
+            done.setdefault(r["row"], []).append((r["seed"], r["metrics"], r["wall_s"], r.get("tokens_per_s")))
     report["stats"] = summary(done) if done else {}
     text = markdown(report)
     with atomic_open(out / "gpu_roc.json", "w") as handle:
@@ -411,15 +411,15 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> dict[str
         fit_cap = min(CAP * train_seconds, deadline - time.monotonic() - args.reserve_seconds)
         print(f"{name} seed {seed}: {plan['rows'][name]['steps']} steps, at most {max_time(fit_cap)}", flush=True)
         overrides = run_overrides(name, model, data_root, args.trainer, train_seconds, extra, fit_cap)
-        metrics, wall = run_row(name, seed, runs_dir, overrides, plan["rows"][name]["steps"], known[name][1],
-                                args.val_stories)
+        metrics, wall, speed = run_row(name, seed, runs_dir, overrides, plan["rows"][name]["steps"], known[name][1],
+                                       args.val_stories)
         run_dir = runs_dir / name.replace("/", "-") / f"seed{seed}"
         if not args.keep_checkpoints:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         log = run_dir.parent / f"{run_dir.name}.log"
         fit = fit_seconds(log.read_text(errors="replace")) if log.is_file() else None
         return {"status": "tested", "metrics": metrics, "wall_s": round(wall, 1), "steps_done": steps_done(run_dir),
-                "fit_s": None if fit is None else round(fit, 1), "max_time": max_time(fit_cap)}
+                "fit_s": None if fit is None else round(fit, 1), "max_time": max_time(fit_cap), "tokens_per_s": speed}
 
     def written(records: list[dict[str, Any]]) -> None:
         report["runs"] = records
