@@ -72,8 +72,8 @@ def check_same_job(run_dir: str | os.PathLike, overrides: list[str], limit: int 
     """Stop (``SystemExit``) if ``run_dir`` holds a run that ``python train.py OVERRIDES hydra.run.dir=run_dir``
     would not make again: one made with other overrides, or with the same overrides when they composed to
     another config than they compose to now (a default changed since: a config file's value, a preset's; compared
-    key by key, unresolved, with ``.hydra/config.yaml``).  The message names the folder and up to ``limit``
-    differences (:func:`config_differences`).  A folder without Hydra's record (nothing run yet) passes."""
+    with ``.hydra/config.yaml`` key by key, :func:`config_differences`).  The message names the folder and up to
+    ``limit`` differences.  A folder without Hydra's record (nothing run yet) passes."""
     run_dir = Path(run_dir)
     advice = "pick another --out, or remove the folder to run it again"
     previous = saved_overrides(run_dir)
