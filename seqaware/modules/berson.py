@@ -98,8 +98,9 @@ class BersonModule(OrderingEvalMixin, SeqawareModule):
             launches rather than arithmetic (docs/results/performance.md); the pointer network stays eager.
         packed: ``true`` runs the encoder's transformer on the real tokens only, joint windows and pair chunks
             alike (:mod:`seqaware.encoders.packing`: padding never reaches a linear layer; attention per sequence;
-            BERT / MiniLM, RoBERTa, MPNet); ``false`` (default) the padded batch.  The same logits and gradients
-            within float rounding, no parameters of its own: checkpoints load either way.
+            BERT / MiniLM, RoBERTa, MPNet; ``configs/model/berson.yaml`` sets it); ``false`` (this class's
+            default) the padded batch.  The same logits and gradients within float rounding, no parameters of its
+            own: checkpoints load either way.
         lr_scaling: ``{rule: sqrt|linear, reference_batch: N}``: every learning rate for the fit's instances per
             optimizer step against the recipe's N (:mod:`seqaware.lr_scaling`: a token-budget batch,
             ``data.batch_tokens``, holds a varying number of stories); None (default): the rates as given.
