@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 def unbiased_terms(small_sq: float, big_sq: float, b_small: float, b_big: float) -> tuple[float, float]:
@@ -72,3 +72,20 @@ def epoch_factor(b_new: float, b_ref: float, b_noise: float) -> float:
     if b_new <= 0 or b_ref <= 0 or b_noise <= 0:
         raise ValueError(f"batch sizes and the noise scale must be positive, got {b_new}, {b_ref}, {b_noise}")
     return (1.0 + b_new / b_noise) / (1.0 + b_ref / b_noise)
+
+
+def run_epoch_factor(b_new: float, b_ref: float, noise_scales: Sequence[float],
+                     steps: Optional[Sequence[float]] = None) -> float:
+    """The epochs a batch of ``b_new`` needs for a whole run of ``b_ref``'s, relative to its: :func:`epoch_factor`
+    at the noise scale of each stretch of the run, weighted by the stretch's share of the data (the trapezoid
+    rule over ``noise_scales`` measured at ``steps`` of the ``b_ref`` run, its start and its end included;
+    evenly spaced points without ``steps``).  The noise scale grows as the loss falls (McCandlish et al.,
+    section 3), so early stretches, where it is small, cost a large batch the most."""
+    if len(noise_scales) < 2:
+        raise ValueError(f"need the noise scale at 2 or more points of the run, got {len(noise_scales)}")
+    steps = list(range(len(noise_scales))) if steps is None else [float(x) for x in steps]
+    if len(steps) != len(noise_scales) or any(b <= a for a, b in zip(steps, steps[1:])):
+        raise ValueError(f"steps must rise and match the noise scales one to one, got {steps}")
+    factors = [epoch_factor(b_new, b_ref, b) for b in noise_scales]
+    area = sum((x1 - x0) * (f0 + f1) / 2 for x0, x1, f0, f1 in zip(steps, steps[1:], factors, factors[1:]))
+    return area / (steps[-1] - steps[0])

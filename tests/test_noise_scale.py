@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_BERT, TINY_SYNTHETIC, tiny_overrides
-from seqaware.noise_scale import epoch_factor, simple_noise_scale, unbiased_terms
+from seqaware.noise_scale import epoch_factor, run_epoch_factor, simple_noise_scale, unbiased_terms
 
 
 def test_the_expected_squared_norms_give_back_the_true_gradient_and_trace_exactly():
@@ -54,6 +54,20 @@ def test_the_epoch_factor_is_their_eq_2_11():
         epoch_factor(16, 16, 0.0)
 
 
+def test_a_run_s_epoch_factor_weights_each_stretch_by_its_share_of_the_data():
+    """The trapezoid rule over evenly spaced points: a constant noise scale gives its own factor, and a run whose
+    noise scale is 16 for its first quarter, huge from its middle on, pays 5x on the first quarter, 3x on average
+    on the second (the trapezoid between 5 and 1) and 1x on the second half: 2.5x in all."""
+    assert run_epoch_factor(144, 16, [16.0, 16.0, 16.0]) == pytest.approx(5.0)
+    assert run_epoch_factor(144, 16, [16.0, 16.0, 1e12, 1e12, 1e12]) == pytest.approx((5 + 3 + 1 + 1) / 4)
+    assert run_epoch_factor(144, 16, [16.0, 1e12]) == pytest.approx(3.0)
+    assert run_epoch_factor(144, 16, [16.0, 16.0, 1e12], steps=[0, 25, 100]) == pytest.approx((5 + 3 * 3) / 4)
+    with pytest.raises(ValueError, match="2 or more"):
+        run_epoch_factor(144, 16, [16.0])
+    with pytest.raises(ValueError, match="must rise"):
+        run_epoch_factor(144, 16, [16.0, 20.0], steps=[5, 5])
+
+
 @pytest.mark.slow  # a 2-step tiny BERSON fit, then the study at init and at its last checkpoint: about 20 s
 def test_the_study_measures_a_run_folder_at_init_and_at_its_last_checkpoint(compose_train, tmp_path, cache_dir):
     import train
@@ -71,15 +85,19 @@ def test_the_study_measures_a_run_folder_at_init_and_at_its_last_checkpoint(comp
                            "--at", "init", "last", "--small", "2", "--big", "4", "--batches", "4",
                            "--compare", "8"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    records = json.loads((run / "noise_scale.json").read_text())["records"]
-    assert [r["at"] for r in records] == ["init", "last"]
+    written = json.loads((run / "noise_scale.json").read_text())
+    records = written["records"]
+    assert [(r["at"], r["step"]) for r in records] == [("init", 0), ("last", 2)]
     for record in records:
         assert record["big_batches"] == 4 and (record["small"], record["big"]) == (2, 4)
         assert math.isfinite(record["g2"]) and record["trace"] > 0
         if record["b_simple"] > 0:
             assert record["epoch_factor"]["8.0"] == pytest.approx(epoch_factor(8, 2, record["b_simple"]))
+    if all(r["b_simple"] > 0 for r in records):        # the whole run's factor, stretch by stretch
+        assert written["run_epoch_factor"]["8.0"] == pytest.approx(
+            run_epoch_factor(8, 2, [r["b_simple"] for r in records], [0, 2]))
     assert records[0]["g2"] != records[1]["g2"]          # the checkpoint's weights, not the initial ones
-    assert "init: B_simple" in done.stdout and "batch 8.0: x" in done.stdout
+    assert "init (step 0): B_simple" in done.stdout and "batch 8.0: x" in done.stdout
     missing = subprocess.run([sys.executable, str(ROOT / "scripts/studies/noise_scale.py"), "--run", str(tmp_path)],
                              capture_output=True, text=True, cwd=ROOT)
     assert missing.returncode != 0 and "no .hydra/overrides.yaml" in missing.stderr

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The gradient noise scale of a BERSON run (McCandlish et al. 2018; :mod:`seqaware.noise_scale`): how many
+r"""The gradient noise scale of a BERSON run (McCandlish et al. 2018; :mod:`seqaware.noise_scale`): how many
 stories a step can hold before a larger batch needs more epochs, and the epochs it predicts a batch needs.
 
     python scripts/studies/noise_scale.py --run logs/bigbatch/recipe-roc_joint/seed0
@@ -14,8 +14,16 @@ loader), the script takes the gradient of the training loss (train mode, dropout
 batch, and of their mean (the big batch's gradient: every ROC story has 5 sentences, so the mean of the small
 batches' mean losses is the big batch's); ``|G|^2`` and ``tr(Sigma)`` come from the two squared norms
 (eq. A.2), ``B_simple`` from their means with a bootstrap 95% interval over the big batches.  Each ``--compare``
-batch gets eq. 2.11's epoch factor against ``--small``: the epochs it needs for the loss ``--small`` reaches.
-Writes ``--out`` (default ``RUN/noise_scale.json``).
+batch gets eq. 2.11's epoch factor against ``--small`` at each point (the epochs it needs, near that point, for
+the progress ``--small`` makes), and, from two or more points (say the init, checkpoints saved along the run and
+its last), the whole run's factor: eq. 2.11 stretch by stretch, each weighted by its steps
+(:func:`seqaware.noise_scale.run_epoch_factor`).  Writes ``--out`` (default ``RUN/noise_scale.json``).
+
+    python scripts/studies/noise_scale.py --run RUN --at init RUN/steps/*.ckpt last --compare 140.8
+    # RUN trained with a weights checkpoint every 65 steps: train.py ... \
+    #   +callbacks.steps._target_=pytorch_lightning.callbacks.ModelCheckpoint +callbacks.steps.every_n_train_steps=65 \
+    #   +callbacks.steps.save_top_k=-1 +callbacks.steps.save_weights_only=true +callbacks.steps.monitor=null \
+    #   '+callbacks.steps.dirpath=${paths.output_dir}/steps' '+callbacks.steps.filename="step_{step:05d}"'
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from seqaware.noise_scale import epoch_factor, simple_noise_scale, unbiased_terms  # noqa: E402
+from seqaware.noise_scale import epoch_factor, run_epoch_factor, simple_noise_scale, unbiased_terms  # noqa: E402
 
 
 def build(run: Path, small: int):
@@ -53,12 +61,15 @@ def build(run: Path, small: int):
 
 
 def load_model(cfg, run: Path, at: str):
+    """``(module, optimizer steps it was trained)`` at ``at``: init, last, best or a checkpoint path."""
     import pytorch_lightning as pl
     from hydra.utils import get_class, instantiate
 
+    from seqaware.checkpoint_io import load_checkpoint
+
     if at == "init":
         pl.seed_everything(int(cfg.seed), verbose=False)
-        return instantiate(cfg.model)
+        return instantiate(cfg.model), 0
     if at in ("last", "best"):
         found = sorted((run / "checkpoints").glob("last.ckpt" if at == "last" else "best*.ckpt"))
         if not found:
@@ -68,7 +79,8 @@ def load_model(cfg, run: Path, at: str):
         path = Path(at)
         if not path.is_file():
             raise SystemExit(f"--at {at}: not init, last, best or a checkpoint file")
-    return get_class(cfg.model._target_).load_from_checkpoint(str(path), map_location="cpu")
+    step = int(load_checkpoint(path)["global_step"])
+    return get_class(cfg.model._target_).load_from_checkpoint(str(path), map_location="cpu"), step
 
 
 def flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
@@ -117,10 +129,10 @@ def main() -> None:
     records = []
     for at in args.at:
         start = time.perf_counter()
-        model = load_model(cfg, args.run, at)
+        model, step = load_model(cfg, args.run, at)
         terms = measure(model, data.train_dataloader(), args.small, args.big, args.batches)
         scale = simple_noise_scale(terms)
-        record = {"at": at, "b_simple": scale.b_simple, "ci95": [scale.low, scale.high], "g2": scale.g2,
+        record = {"at": at, "step": step, "b_simple": scale.b_simple, "ci95": [scale.low, scale.high], "g2": scale.g2,
                   "trace": scale.trace, "big_batches": scale.batches, "small": args.small, "big": args.big,
                   "seconds": round(time.perf_counter() - start, 1),
                   "epoch_factor": {}}
@@ -129,12 +141,20 @@ def main() -> None:
         records.append(record)
         factors = "".join(f"; batch {b}: x {f:.2f} the epochs of {args.small}" for b, f in
                           record["epoch_factor"].items())
-        print(f"{at}: B_simple {scale.b_simple:.1f} stories (95% CI {scale.low:.1f}-{scale.high:.1f}; |G|^2 "
+        print(f"{at} (step {step}): B_simple {scale.b_simple:.1f} stories (95% CI {scale.low:.1f}-{scale.high:.1f}; |G|^2 "
               f"{scale.g2:.4g}, tr(Sigma) {scale.trace:.4g}; {scale.batches} batches of {args.big}, "
               f"{record['seconds']:.0f} s){factors}", flush=True)
+    usable = [r for r in sorted(records, key=lambda r: r["step"]) if 0 < r["b_simple"] < math.inf]
+    steps = [r["step"] for r in usable]
+    whole = {}
+    if len(usable) >= 2 and len(set(steps)) == len(steps):
+        for b in args.compare:   # eq. 2.11 stretch by stretch of the run (seqaware.noise_scale.run_epoch_factor)
+            whole[str(b)] = run_epoch_factor(b, args.small, [r["b_simple"] for r in usable], steps)
+            print(f"the run, steps {steps[0]}-{steps[-1]} ({len(usable)} points): batch {b} needs x {whole[str(b)]:.2f} "
+                  f"the epochs of {args.small}")
     out = args.out or args.run / "noise_scale.json"
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run": str(args.run), "records": records}, indent=2))
+    tmp.write_text(json.dumps({"run": str(args.run), "records": records, "run_epoch_factor": whole}, indent=2))
     tmp.replace(out)
     print(f"wrote {out}")
 
