@@ -87,24 +87,26 @@ def flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
 
 
-def measure(model, loader, small: int, big: int, batches: int) -> list[tuple[float, float]]:
+def measure(model, loader, small: int, big: int, batches: int, seed: int = 0) -> list[tuple[float, float]]:
     """One :func:`unbiased_terms` pair per big batch of ``big // small`` consecutive full small batches."""
     per_big = big // small
     model.float().train()
+    torch.manual_seed(seed)                   # the dropout masks: the same at every point measured
     params = [p for p in model.parameters() if p.requires_grad]
-    terms, grads = [], []
+    terms, total, small_sq, count = [], None, 0.0, 0   # one big batch's running sum of gradients, of squared norms
     for batch in loader:
         if len(batch["meta"]) != small:
             continue
         model.zero_grad(set_to_none=True)
         losses, _ = model._losses(batch)
         losses["loss"].backward()
-        grads.append(flat_grad(params))
-        if len(grads) == per_big:
-            small_sq = float(torch.stack([g.square().sum() for g in grads]).mean())
-            big_sq = float(torch.stack(grads).mean(0).square().sum())
-            terms.append(unbiased_terms(small_sq, big_sq, small, per_big * small))
-            grads = []
+        grad = flat_grad(params)
+        total = grad if total is None else total.add_(grad)
+        small_sq, count = small_sq + float(grad.square().sum()), count + 1
+        if count == per_big:
+            big_sq = float(total.div_(per_big).square().sum())
+            terms.append(unbiased_terms(small_sq / per_big, big_sq, small, per_big * small))
+            total, small_sq, count = None, 0.0, 0
             if len(terms) == batches:
                 break
     model.zero_grad(set_to_none=True)
@@ -130,7 +132,7 @@ def main() -> None:
     for at in args.at:
         start = time.perf_counter()
         model, step = load_model(cfg, args.run, at)
-        terms = measure(model, data.train_dataloader(), args.small, args.big, args.batches)
+        terms = measure(model, data.train_dataloader(), args.small, args.big, args.batches, int(cfg.seed))
         scale = simple_noise_scale(terms)
         record = {"at": at, "step": step, "b_simple": scale.b_simple, "ci95": [scale.low, scale.high], "g2": scale.g2,
                   "trace": scale.trace, "big_batches": scale.batches, "small": args.small, "big": args.big,
