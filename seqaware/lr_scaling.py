@@ -10,7 +10,7 @@ encoder's and the head's alike) by ``(b / reference_batch) ** power``:
     and Hoffer et al. 2017, "Train longer, generalize better", for SGD).  The rule the ROC presets use.
     Its learning-rate part only: Malladi et al.'s whole rule also sets ``1 - beta`` to ``k (1 - beta)`` and
     ``eps`` to ``eps / sqrt(k)`` for ``k`` times the batch, which for MiniLM at ``k`` = 8.6 (beta1 0.14) gave
-    test PMR 0.154 and 0.009 against 0.293 and 0.275 (docs/results/sequencing.md, "Token-budget batches").
+    test PMR 0.154 and 0.009 against 0.293 and 0.275 (docs/results/large_batch.md).
 ``linear`` (power 1)
     for SGD: Goyal et al. 2017, "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour".
 
@@ -20,6 +20,10 @@ Goyal et al.'s warm-up goes with either: it lasts a share of the data seen (thei
 of a token-budget batch sampler (``data.batch_tokens``), times processes and accumulated batches.  The loss is
 a mean over the global batch (per step or per story: ``model.decoder.loss_norm``), so a gradient's scale does
 not grow with the batch; only the noise falls, which is what the rules compensate.
+
+No lr rule makes a batch well above the gradient noise scale as good at the same epochs: it needs more epochs
+(McCandlish et al. 2018, eq. 2.11), and :mod:`seqaware.noise_scale` says how many from a run of the recipe's batch
+(``scripts/studies/noise_scale.py``; docs/results/large_batch.md).
 """
 from __future__ import annotations
 
