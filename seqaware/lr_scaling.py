@@ -22,7 +22,7 @@ a mean over the global batch (per step or per story: ``model.decoder.loss_norm``
 not grow with the batch; only the noise falls, which is what the rules compensate.
 
 No lr rule makes a batch well above the gradient noise scale as good at the same epochs: it needs more epochs
-(McCandlish et al. 2018, eq. 2.11), and :mod:`seqaware.noise_scale` says how many from a run of the recipe's batch
+(McCandlish et al. 2018, section 2.3), and :mod:`seqaware.noise_scale` says how many from a run of the recipe's batch
 (``scripts/studies/noise_scale.py``; docs/results/large_batch.md).
 """
 from __future__ import annotations

@@ -4,13 +4,14 @@ McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training" 
 gradient and ``Sigma`` the per-instance gradient covariance, a batch of ``B`` instances gives a gradient whose
 squared norm has expectation ``|G|^2 + tr(Sigma) / B`` (their section 2 and appendix A.1).  The simple noise
 scale ``B_simple = tr(Sigma) / |G|^2`` estimates the critical batch size: to reach a given loss a run of batch
-``B`` needs about ``S_min (1 + B_noise / B)`` steps and ``E_min (1 + B / B_noise)`` epochs (their eq. 2.11), so
-batches well under ``B_noise`` cost no extra epochs and batches well over it cost epochs in proportion.
+``B`` needs about ``S_min (1 + B_noise / B)`` steps and ``E_min (1 + B / B_noise)`` epochs (their section 2.3,
+with their critical batch ``B_crit ~ B_noise``), so batches well under ``B_noise`` cost no extra epochs and
+batches well over it cost epochs in proportion.
 
 :func:`unbiased_terms` turns the squared norms of a small and a big batch's gradients into unbiased estimates
-of ``|G|^2`` and ``tr(Sigma)`` (their eq. A.2); :func:`simple_noise_scale` is the ratio of their means over
+of ``|G|^2`` and ``tr(Sigma)`` (their appendix A.1); :func:`simple_noise_scale` is the ratio of their means over
 many batches (the ratio of averages, as they recommend: each estimate alone is noisy and can be negative),
-with a bootstrap interval over the batches; :func:`epoch_factor` is what eq. 2.11 predicts for the epochs a
+with a bootstrap interval over the batches; :func:`epoch_factor` is what section 2.3 predicts for the epochs a
 batch of ``b_new`` needs against one of ``b_ref``.  ``scripts/studies/noise_scale.py`` measures a BERSON run's.
 The model was derived for SGD; they report it to hold for Adam in practice, as a prediction to be checked.
 """
@@ -68,7 +69,7 @@ def simple_noise_scale(terms: Sequence[tuple[float, float]], resamples: int = 20
 
 def epoch_factor(b_new: float, b_ref: float, b_noise: float) -> float:
     """The epochs a batch of ``b_new`` instances needs for the loss a batch of ``b_ref`` reaches, relative to
-    ``b_ref``'s: ``(1 + b_new / b_noise) / (1 + b_ref / b_noise)`` (McCandlish et al. eq. 2.11)."""
+    ``b_ref``'s: ``(1 + b_new / b_noise) / (1 + b_ref / b_noise)`` (McCandlish et al., section 2.3)."""
     if b_new <= 0 or b_ref <= 0 or b_noise <= 0:
         raise ValueError(f"batch sizes and the noise scale must be positive, got {b_new}, {b_ref}, {b_noise}")
     return (1.0 + b_new / b_noise) / (1.0 + b_ref / b_noise)

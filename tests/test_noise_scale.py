@@ -15,7 +15,7 @@ from seqaware.noise_scale import epoch_factor, run_epoch_factor, simple_noise_sc
 
 
 def test_the_expected_squared_norms_give_back_the_true_gradient_and_trace_exactly():
-    """E|G_B|^2 = |G|^2 + tr(Sigma) / B (their eq. A.1): from the expectations the estimates are exact."""
+    """E|G_B|^2 = |G|^2 + tr(Sigma) / B (their appendix A.1): from the expectations the estimates are exact."""
     g2, trace = 2.5, 40.0
     assert unbiased_terms(g2 + trace / 16, g2 + trace / 128, 16, 128) == pytest.approx((g2, trace), rel=1e-12)
     assert simple_noise_scale([(g2, trace)] * 4).b_simple == pytest.approx(16.0)
@@ -44,7 +44,7 @@ def test_sampled_gradients_recover_a_known_noise_scale_inside_the_bootstrap_inte
     assert scale.low < 64.0 < scale.high and scale.low < scale.b_simple < scale.high and scale.batches == 200
 
 
-def test_the_epoch_factor_is_their_eq_2_11():
+def test_the_epoch_factor_is_their_section_2_3_tradeoff():
     """E(B) = E_min (1 + B / B_noise): a batch 9x the noise scale needs 10/2 = 5x the epochs of one at it, a batch
     far under it none more, and the same batch exactly its own."""
     assert epoch_factor(144, 16, 16) == pytest.approx(5.0)

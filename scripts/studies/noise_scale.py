@@ -13,10 +13,10 @@ big batches of ``--big`` training stories (consecutive batches of ``--small`` of
 loader), the script takes the gradient of the training loss (train mode, dropout on, float32) of every small
 batch, and of their mean (the big batch's gradient: every ROC story has 5 sentences, so the mean of the small
 batches' mean losses is the big batch's); ``|G|^2`` and ``tr(Sigma)`` come from the two squared norms
-(eq. A.2), ``B_simple`` from their means with a bootstrap 95% interval over the big batches.  Each ``--compare``
-batch gets eq. 2.11's epoch factor against ``--small`` at each point (the epochs it needs, near that point, for
-the progress ``--small`` makes), and, from two or more points (say the init, checkpoints saved along the run and
-its last), the whole run's factor: eq. 2.11 stretch by stretch, each weighted by its steps
+(their appendix A.1), ``B_simple`` from their means with a bootstrap 95% interval over the big batches.  Each
+``--compare`` batch gets section 2.3's epoch factor against ``--small`` at each point (the epochs it needs, near
+that point, for the progress ``--small`` makes), and, from two or more points (say the init, checkpoints saved
+along the run and its last), the whole run's factor: that factor stretch by stretch, each weighted by its steps
 (:func:`seqaware.noise_scale.run_epoch_factor`).  Writes ``--out`` (default ``RUN/noise_scale.json``).
 
     python scripts/studies/noise_scale.py --run RUN --at init RUN/steps/*.ckpt last --compare 140.8
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from seqaware.io import atomic_open  # noqa: E402
 from seqaware.noise_scale import epoch_factor, run_epoch_factor, simple_noise_scale, unbiased_terms  # noqa: E402
 
 
@@ -143,21 +144,20 @@ def main() -> None:
         records.append(record)
         factors = "".join(f"; batch {b}: x {f:.2f} the epochs of {args.small}" for b, f in
                           record["epoch_factor"].items())
-        print(f"{at} (step {step}): B_simple {scale.b_simple:.1f} stories (95% CI {scale.low:.1f}-{scale.high:.1f}; |G|^2 "
-              f"{scale.g2:.4g}, tr(Sigma) {scale.trace:.4g}; {scale.batches} batches of {args.big}, "
+        print(f"{at} (step {step}): B_simple {scale.b_simple:.1f} stories (95% CI {scale.low:.1f}-{scale.high:.1f}; "
+              f"|G|^2 {scale.g2:.4g}, tr(Sigma) {scale.trace:.4g}; {scale.batches} batches of {args.big}, "
               f"{record['seconds']:.0f} s){factors}", flush=True)
     usable = [r for r in sorted(records, key=lambda r: r["step"]) if 0 < r["b_simple"] < math.inf]
     steps = [r["step"] for r in usable]
     whole = {}
     if len(usable) >= 2 and len(set(steps)) == len(steps):
-        for b in args.compare:   # eq. 2.11 stretch by stretch of the run (seqaware.noise_scale.run_epoch_factor)
+        for b in args.compare:   # the epoch factor stretch by stretch (seqaware.noise_scale.run_epoch_factor)
             whole[str(b)] = run_epoch_factor(b, args.small, [r["b_simple"] for r in usable], steps)
-            print(f"the run, steps {steps[0]}-{steps[-1]} ({len(usable)} points): batch {b} needs x {whole[str(b)]:.2f} "
-                  f"the epochs of {args.small}")
+            print(f"the run, steps {steps[0]}-{steps[-1]} ({len(usable)} points): batch {b} needs "
+                  f"x {whole[str(b)]:.2f} the epochs of {args.small}")
     out = args.out or args.run / "noise_scale.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run": str(args.run), "records": records, "run_epoch_factor": whole}, indent=2))
-    tmp.replace(out)
+    with atomic_open(out) as handle:
+        json.dump({"run": str(args.run), "records": records, "run_epoch_factor": whole}, handle, indent=2)
     print(f"wrote {out}")
 
 
