@@ -161,11 +161,15 @@ class Preemption(pl.Callback):
         self._previous = {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Resumed mid-epoch: skip the batches of this epoch that were trained on before the stop."""
+        """Resumed mid-epoch: skip the batches of this epoch that were trained on before the stop.  A checkpoint
+        written at the end of an epoch (its validation after the last batch) counts all of that epoch's batches
+        as done; Lightning then starts the next epoch, which is trained from its first batch."""
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
         loader = trainer.train_dataloader
         batch_sampler = getattr(loader, "batch_sampler", None)
         if not trainer.fit_loop.restarting or not done or batch_sampler is None:
+            return
+        if done >= trainer.num_training_batches:   # the epoch was finished: nothing of the next one to skip
             return
         if hasattr(batch_sampler, "skip_batches"):   # a batch sampler of its own (token budget, length buckets)
             batch_sampler.skip_batches(done)

@@ -341,6 +341,28 @@ def test_resume_from_another_folder_keeps_best_checkpoint_tracking(compose_train
     assert (tmp_path / "a" / "checkpoints" / "best_epoch_000.ckpt").is_file()  # the source run is left as it was
 
 
+@pytest.mark.slow  # three short fits: about 15 s
+def test_resume_from_a_checkpoint_written_at_an_epochs_end_trains_the_next_epoch_whole(compose_train, tmp_path):
+    """With validations inside the epoch (``val_check_interval`` 0.5, as the token-budget presets have), last.ckpt is
+    written by the validation after an epoch's last batch, before Lightning closes the epoch, so it counts that
+    epoch's batches as done; the resumed fit must train the next epoch from its first batch (it once skipped as
+    many batches of it, so a run cut after an epoch-end validation trained nothing more) and end where the
+    uninterrupted run ends, with the same weights."""
+    half = "trainer.val_check_interval=0.5"
+    straight = _short(compose_train, half, f"paths.output_dir={tmp_path / 'straight'}")     # 2 epochs of 6 batches
+    train.run(straight)
+    first = _short(compose_train, half, "trainer.max_epochs=1", f"paths.output_dir={tmp_path / 'a'}")
+    train.run(first)
+    resumed = _short(compose_train, half, f"ckpt_path={tmp_path / 'a' / 'checkpoints' / 'last.ckpt'}",
+                     f"paths.output_dir={tmp_path / 'b'}")
+    train.run(resumed)
+    a = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=True)
+    b = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 12
+    for key, value in b["state_dict"].items():
+        torch.testing.assert_close(a["state_dict"][key], value, rtol=0, atol=0, msg=key)
+
+
 @pytest.mark.slow  # two short fits: about 10 s
 def test_a_new_folder_from_a_moved_runs_last_checkpoint_tests_that_runs_best(compose_train, tmp_path):
     """ckpt_path=<a run folder moved or copied from another machine>/checkpoints/last.ckpt, a new run folder: its
