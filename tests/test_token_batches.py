@@ -93,15 +93,25 @@ def test_a_run_resumed_mid_epoch_skips_exactly_the_batches_it_trained_on(make):
     epoch, other = _indices(make(), 2), _indices(make(), 3)
     assert epoch != other
     first = iter(loader)
-    progress = SimpleNamespace(current=SimpleNamespace(completed=3))
-    trainer = SimpleNamespace(fit_loop=SimpleNamespace(restarting=True, epoch_loop=SimpleNamespace(batch_progress=progress)),
-                              train_dataloader=loader, current_epoch=2)
-    Preemption(dirpath=".").on_train_start(trainer, None)
+
+    def restart(completed: int) -> None:
+        progress = SimpleNamespace(current=SimpleNamespace(completed=completed))
+        fit_loop = SimpleNamespace(restarting=True, epoch_loop=SimpleNamespace(batch_progress=progress))
+        trainer = SimpleNamespace(fit_loop=fit_loop, train_dataloader=loader, current_epoch=2,
+                                  num_training_batches=len(epoch))
+        Preemption(dirpath=".").on_train_start(trainer, None)
+
+    restart(3)
     _set_sampler_epoch(loader, 2)
     assert [b.tolist() for b in first] == epoch[3:] and len(loader) == len(epoch)
     assert [b.tolist() for b in loader] == epoch
     _set_sampler_epoch(loader, 3)                                        # the next epoch: its own batches
     assert loader.batch_sampler.epoch == 3 and [b.tolist() for b in loader] == other
+    # a checkpoint of the validation after the epoch's last batch: every batch done, Lightning starts the next
+    # epoch, which is whole (it was once skipped entirely)
+    restart(len(epoch))
+    _set_sampler_epoch(loader, 3)
+    assert [b.tolist() for b in loader] == other
 
 
 def test_an_instance_counts_the_tokens_its_encoder_pass_gets_joint_and_pairwise():
